@@ -1,0 +1,249 @@
+// Torch bindings of repcap_fast._C: dispatcher registration and backend launchers.
+// The only translation unit that includes torch headers; kernels live in plain C++/CUDA files.
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "cpu/pairwise_cosine_stats_cpu.h"
+#include "pairwise_cosine_stats_epilogue.h"
+
+#ifdef REPCAP_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "cuda/pairwise_cosine_stats_cuda.h"
+#endif
+
+namespace {
+
+using StatsTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+// Output layout shared by every backend:
+//   moments float64[4] = (Σc, Σc², min, max); counts int64[3] = (pairs, below, above);
+//   hist int64[bins].
+StatsTuple make_outputs(int64_t bins) {
+  auto f64 = at::TensorOptions().dtype(at::kDouble);
+  auto i64 = at::TensorOptions().dtype(at::kLong);
+  return {at::empty({4}, f64), at::empty({3}, i64), at::empty({bins}, i64)};
+}
+
+void check_inputs(const at::Tensor& a, const at::Tensor& a_inv_norm,
+                  const c10::optional<at::Tensor>& b, const c10::optional<at::Tensor>& b_inv_norm,
+                  int64_t bins, double lo, double hi) {
+  TORCH_CHECK(a.dim() == 2, "pairwise_cosine_stats: a must be 2-D, got ", a.dim(), "-D");
+  TORCH_CHECK(a.size(0) >= 1 && a.size(1) >= 1, "pairwise_cosine_stats: a must be non-empty");
+  TORCH_CHECK(a_inv_norm.dim() == 1 && a_inv_norm.size(0) == a.size(0) &&
+                  a_inv_norm.scalar_type() == at::kFloat,
+              "pairwise_cosine_stats: a_inv_norm must be float32 of shape (", a.size(0), ",)");
+  TORCH_CHECK(b.has_value() == b_inv_norm.has_value(),
+              "pairwise_cosine_stats: b and b_inv_norm go together");
+  if (b.has_value()) {
+    TORCH_CHECK(b->dim() == 2 && b->size(1) == a.size(1),
+                "pairwise_cosine_stats: b must be 2-D with d=", a.size(1));
+    TORCH_CHECK(b->size(0) >= 1, "pairwise_cosine_stats: b must be non-empty");
+    TORCH_CHECK(b->scalar_type() == a.scalar_type(), "pairwise_cosine_stats: a and b dtypes differ");
+    TORCH_CHECK(b->device() == a.device(), "pairwise_cosine_stats: a and b devices differ");
+    TORCH_CHECK(b_inv_norm->dim() == 1 && b_inv_norm->size(0) == b->size(0) &&
+                    b_inv_norm->scalar_type() == at::kFloat,
+                "pairwise_cosine_stats: b_inv_norm must be float32 of shape (", b->size(0), ",)");
+  }
+  TORCH_CHECK(bins >= 1 && bins <= (1 << 24), "pairwise_cosine_stats: bins must be in [1, 2^24]");
+  TORCH_CHECK(lo < hi, "pairwise_cosine_stats: histogram range needs lo < hi");
+}
+
+int64_t pair_count(int64_t m, int64_t n, bool self_pairs) {
+  return self_pairs ? m * (m - 1) / 2 : m * n;
+}
+
+// CPU: row block x column block tiles of the upper triangle (or the full grid); each tile's
+// dot products come from one BLAS GEMM into an L2-sized buffer, then the fused epilogue.
+StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_inv_norm,
+                                     const c10::optional<at::Tensor>& b,
+                                     const c10::optional<at::Tensor>& b_inv_norm, int64_t bins,
+                                     double lo, double hi, int64_t math_mode) {
+  check_inputs(a, a_inv_norm, b, b_inv_norm, bins, lo, hi);
+  (void)math_mode;  // CPU always forms dot products in float32.
+  const bool self_pairs = !b.has_value();
+  const at::Tensor a32 = a.to(at::kFloat).contiguous();
+  const at::Tensor b32 = self_pairs ? a32 : b->to(at::kFloat).contiguous();
+  const at::Tensor a_inv = a_inv_norm.contiguous();
+  const at::Tensor b_inv = self_pairs ? a_inv : b_inv_norm->contiguous();
+  const int64_t m = a32.size(0), n = b32.size(0);
+
+  constexpr int64_t kTileRows = 256;
+  constexpr int64_t kTileCols = 512;
+  const auto spec = repcap::make_histogram_spec(static_cast<float>(lo), static_cast<float>(hi),
+                                                static_cast<int32_t>(bins));
+  repcap::cpu::PairwiseCosineStatsAccumulator acc(spec, kTileRows);
+  at::Tensor tile = at::empty({kTileRows * kTileCols}, a32.options());
+  for (int64_t row0 = 0; row0 < m; row0 += kTileRows) {
+    const int64_t rows = std::min(kTileRows, m - row0);
+    const at::Tensor a_block = a32.narrow(0, row0, rows);
+    for (int64_t col0 = self_pairs ? row0 : 0; col0 < n; col0 += kTileCols) {
+      const int64_t cols = std::min(kTileCols, n - col0);
+      at::Tensor dots = tile.narrow(0, 0, rows * cols).view({rows, cols});
+      at::mm_out(dots, a_block, b32.narrow(0, col0, cols).t());
+      acc.accumulate_tile(dots.data_ptr<float>(), cols, rows, cols, row0, col0, self_pairs,
+                          a_inv.data_ptr<float>(), b_inv.data_ptr<float>());
+    }
+  }
+  TORCH_CHECK(acc.count() == pair_count(m, n, self_pairs),
+              "pairwise_cosine_stats: internal error, visited ", acc.count(), " pairs");
+  auto [moments, counts, hist] = make_outputs(bins);
+  const repcap::CosinePartial& p = acc.partial();
+  double* mom = moments.data_ptr<double>();
+  mom[0] = p.sum;
+  mom[1] = p.sum_sq;
+  mom[2] = p.min;
+  mom[3] = p.max;
+  int64_t* cnt = counts.data_ptr<int64_t>();
+  cnt[0] = acc.count();
+  cnt[1] = acc.below();
+  cnt[2] = acc.above();
+  acc.histogram(hist.data_ptr<int64_t>());
+  return {moments, counts, hist};
+}
+
+#ifdef REPCAP_WITH_CUDA
+// CUDA: persistent blocks write per-block partials; they are merged here in block order.
+StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_inv_norm,
+                                      const c10::optional<at::Tensor>& b,
+                                      const c10::optional<at::Tensor>& b_inv_norm, int64_t bins,
+                                      double lo, double hi, int64_t math_mode) {
+  check_inputs(a, a_inv_norm, b, b_inv_norm, bins, lo, hi);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const bool self_pairs = !b.has_value();
+  using repcap::cuda::InputType;
+  using repcap::cuda::MathMode;
+  InputType type;
+  MathMode math;
+  switch (a.scalar_type()) {
+    case at::kFloat:
+      type = InputType::kFloat32;
+      math = math_mode == 1 ? MathMode::kTF32 : MathMode::kExactFP32;
+      break;
+    case at::kBFloat16:
+      type = InputType::kBFloat16;
+      math = MathMode::kNative16;
+      break;
+    case at::kHalf:
+      type = InputType::kFloat16;
+      math = MathMode::kNative16;
+      break;
+    default:
+      TORCH_CHECK(false, "pairwise_cosine_stats (cuda): a must be float32, bfloat16 or float16");
+  }
+  const at::Tensor ac = a.contiguous();
+  const at::Tensor bc = self_pairs ? ac : b->contiguous();
+  const at::Tensor a_inv = a_inv_norm.contiguous();
+  const at::Tensor b_inv = self_pairs ? a_inv : b_inv_norm->contiguous();
+
+  repcap::cuda::PairwiseCosineStatsArgs args{};
+  args.a = ac.data_ptr();
+  args.a_inv_norm = a_inv.data_ptr<float>();
+  args.m = ac.size(0);
+  args.b = bc.data_ptr();
+  args.b_inv_norm = b_inv.data_ptr<float>();
+  args.n = bc.size(0);
+  args.d = ac.size(1);
+  args.self_pairs = self_pairs;
+  args.type = type;
+  args.math = math;
+  args.hist = repcap::make_histogram_spec(static_cast<float>(lo), static_cast<float>(hi),
+                                          static_cast<int32_t>(bins));
+  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  args.num_blocks = repcap::cuda::pairwise_cosine_stats_cuda_num_blocks(args, sm_count);
+  const int64_t nb = args.num_blocks;
+  auto dev = ac.options();
+  at::Tensor block_sum = at::empty({nb}, dev.dtype(at::kDouble));
+  at::Tensor block_sum_sq = at::empty({nb}, dev.dtype(at::kDouble));
+  at::Tensor block_min = at::empty({nb}, dev.dtype(at::kFloat));
+  at::Tensor block_max = at::empty({nb}, dev.dtype(at::kFloat));
+  at::Tensor block_outside = at::empty({nb, 2}, dev.dtype(at::kLong));
+  at::Tensor block_hist = at::empty({nb, bins}, dev.dtype(at::kLong));
+  args.block_sum = block_sum.data_ptr<double>();
+  args.block_sum_sq = block_sum_sq.data_ptr<double>();
+  args.block_min = block_min.data_ptr<float>();
+  args.block_max = block_max.data_ptr<float>();
+  args.block_outside = block_outside.data_ptr<int64_t>();
+  args.block_hist = block_hist.data_ptr<int64_t>();
+  args.stream = at::cuda::getCurrentCUDAStream().stream();
+  const char* err = repcap::cuda::pairwise_cosine_stats_cuda(args);
+  TORCH_CHECK(err == nullptr, "pairwise_cosine_stats (cuda): ", err ? err : "");
+
+  // Fixed-order float64 merge on the host.
+  const at::Tensor sums = block_sum.cpu(), sums_sq = block_sum_sq.cpu();
+  const at::Tensor mins = block_min.cpu(), maxs = block_max.cpu();
+  repcap::CosinePartial total = repcap::empty_partial();
+  for (int64_t k = 0; k < nb; ++k) {
+    repcap::CosinePartial p;
+    p.sum = sums.data_ptr<double>()[k];
+    p.sum_sq = sums_sq.data_ptr<double>()[k];
+    p.min = mins.data_ptr<float>()[k];
+    p.max = maxs.data_ptr<float>()[k];
+    repcap::merge_partial(&total, p);
+  }
+  auto [moments, counts, hist] = make_outputs(bins);
+  double* mom = moments.data_ptr<double>();
+  mom[0] = total.sum;
+  mom[1] = total.sum_sq;
+  mom[2] = total.min;
+  mom[3] = total.max;
+  const at::Tensor outside = block_outside.sum(0).cpu();  // integer: order-independent
+  int64_t* cnt = counts.data_ptr<int64_t>();
+  cnt[0] = pair_count(args.m, args.n, self_pairs);
+  cnt[1] = outside.data_ptr<int64_t>()[0];
+  cnt[2] = outside.data_ptr<int64_t>()[1];
+  hist.copy_(block_hist.sum(0));
+  return {moments, counts, hist};
+}
+#endif
+
+}  // namespace
+
+TORCH_LIBRARY(repcap_fast, m) {
+  m.def(
+      "pairwise_cosine_stats(Tensor a, Tensor a_inv_norm, Tensor? b, Tensor? b_inv_norm, "
+      "int bins, float lo, float hi, int math_mode) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(repcap_fast, CPU, m) {
+  m.impl("pairwise_cosine_stats", &pairwise_cosine_stats_cpu);
+}
+
+#ifdef REPCAP_WITH_CUDA
+TORCH_LIBRARY_IMPL(repcap_fast, CUDA, m) {
+  m.impl("pairwise_cosine_stats", &pairwise_cosine_stats_cuda);
+}
+#endif
+
+namespace {
+py::dict build_info() {
+  py::dict info;
+#ifdef REPCAP_WITH_CUDA
+  info["cuda"] = true;
+#else
+  info["cuda"] = false;
+#endif
+#ifdef _OPENMP
+  info["openmp"] = true;
+#else
+  info["openmp"] = false;
+#endif
+#ifdef REPCAP_CUDA_ARCH_LIST
+  info["cuda_arch_list"] = REPCAP_CUDA_ARCH_LIST;
+#else
+  info["cuda_arch_list"] = "";
+#endif
+  info["torch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." +
+                         std::to_string(TORCH_VERSION_MINOR) + "." +
+                         std::to_string(TORCH_VERSION_PATCH);
+  return info;
+}
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "repcap_fast compiled kernels (ops are registered as torch.ops.repcap_fast.*)";
+  m.def("build_info", &build_info, "What this build of repcap_fast._C contains.");
+}

@@ -1,0 +1,50 @@
+// CUDA launcher interface of pairwise_cosine_stats (no torch headers; bound in csrc/bindings.cpp).
+#pragma once
+#include <cstdint>
+
+#include "../pairwise_cosine_stats_epilogue.h"
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace repcap {
+namespace cuda {
+
+enum class InputType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+// How the dot products of a tile are formed.
+//  kExactFP32: float32 inputs, float32 FMA (no tensor cores).
+//  kTF32:      float32 inputs rounded to tf32 on tensor cores, float32 accumulate.
+//  kNative16:  bf16/fp16 inputs on tensor cores, exact products, float32 accumulate.
+enum class MathMode : int { kExactFP32 = 0, kTF32 = 1, kNative16 = 2 };
+
+struct PairwiseCosineStatsArgs {
+  const void* a;              // m x d, row-major, contiguous, of `type`
+  const float* a_inv_norm;    // m: 1/‖a_i‖
+  int64_t m;
+  const void* b;              // n x d (equal to a when self_pairs)
+  const float* b_inv_norm;    // n
+  int64_t n;
+  int64_t d;
+  bool self_pairs;            // true: pairs i<j of a (upper triangle); false: all m*n pairs
+  InputType type;
+  MathMode math;
+  HistogramSpec hist;
+  int num_blocks;             // from pairwise_cosine_stats_cuda_num_blocks
+  // Per-block partials, each block writes only its own slot (no float atomics across blocks):
+  double* block_sum;          // num_blocks
+  double* block_sum_sq;       // num_blocks
+  float* block_min;           // num_blocks
+  float* block_max;           // num_blocks
+  int64_t* block_outside;     // num_blocks x 2: (below, above)
+  int64_t* block_hist;        // num_blocks x hist.bins
+  cudaStream_t stream;
+};
+
+// Number of persistent blocks to launch for this problem on a device with `sm_count` SMs.
+int pairwise_cosine_stats_cuda_num_blocks(const PairwiseCosineStatsArgs& args, int sm_count);
+
+// Launches the kernel on args.stream. Returns nullptr on success, else a static error message.
+const char* pairwise_cosine_stats_cuda(const PairwiseCosineStatsArgs& args);
+
+}  // namespace cuda
+}  // namespace repcap

@@ -1,0 +1,28 @@
+"""repcap_fast: fast, exact representation geometry of transformer language models.
+
+Representational capacity (ε = μ + 2σ of the pairwise cosines, capacity formulas) on C++ CPU,
+Triton and CUDA kernels. See README.md and DESIGN.md.
+"""
+
+__version__ = "0.1.0"
+
+from . import _ops  # noqa: F401,E402  registers torch.ops.repcap_fast.* when _C is built
+from . import capacity  # noqa: E402
+from ._backends import info  # noqa: E402
+from .cosine_stats import (  # noqa: E402
+    CosineMoments,
+    CosineStats,
+    cosine_moments,
+    epsilon,
+    pairwise_cosine_stats,
+)
+
+__all__ = [
+    "CosineMoments",
+    "CosineStats",
+    "capacity",
+    "cosine_moments",
+    "epsilon",
+    "info",
+    "pairwise_cosine_stats",
+]

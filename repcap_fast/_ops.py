@@ -1,0 +1,19 @@
+"""Loads repcap_fast._C (which registers torch.ops.repcap_fast.*) and the ops' fake kernels."""
+
+import torch
+
+try:
+    from . import _C  # noqa: F401  registers the ops with the dispatcher
+except ImportError:  # not built: the dispatch layer reports how to build it
+    _C = None
+
+if _C is not None:
+
+    @torch.library.register_fake("repcap_fast::pairwise_cosine_stats")
+    def _pairwise_cosine_stats_fake(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, math_mode):
+        # Results are small host tensors whatever the input device.
+        return (
+            torch.empty(4, dtype=torch.float64, device="cpu"),
+            torch.empty(3, dtype=torch.int64, device="cpu"),
+            torch.empty(bins, dtype=torch.int64, device="cpu"),
+        )

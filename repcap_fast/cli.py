@@ -1,0 +1,166 @@
+"""Command line: ``repcap info`` and ``repcap epsilon [SOURCE]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+from . import __version__, capacity
+from ._backends import BACKENDS, info
+from .cosine_stats import cosine_moments, pairwise_cosine_stats
+from .sources import DEFAULT_MODEL, load_matrix
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def _cmd_info(args) -> int:
+    print(json.dumps(info(), indent=2))
+    return 0
+
+
+def _fmt_k(k: float) -> str:
+    return "inf" if not np.isfinite(k) else f"{k:.4g}"
+
+
+def plot_histogram(stats, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    edges = stats.edges.numpy()
+    hist = stats.hist.numpy()
+    centers = 0.5 * (edges[:-1] + edges[1:])
+    density = hist / (stats.count * stats.bin_width)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.fill_between(centers, density, step="mid", alpha=0.35, color="tab:blue")
+    ax.plot(centers, density, drawstyle="steps-mid", lw=0.8, color="tab:blue", label="pairwise cosines")
+    marks = [(stats.mean, "μ", "black", "-"), (stats.epsilon(), "ε = μ+2σ", "tab:red", "-")]
+    for q, style in ((0.5, ":"), (0.99, "--"), (0.999, "-.")):
+        try:
+            marks.append((stats.quantile(q), f"q{q:g}", "tab:green", style))
+        except ValueError:
+            pass
+    for x, label, color, style in marks:
+        ax.axvline(x, color=color, ls=style, lw=1.2, label=f"{label} = {x:.4f}")
+    lo = max(edges[0], stats.min - 0.05)
+    hi = min(edges[-1], stats.max + 0.05)
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("cosine similarity")
+    ax.set_ylabel("density")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def _cmd_epsilon(args) -> int:
+    t0 = time.perf_counter()
+    mat = load_matrix(args.source, args.tensor)
+    a = mat.tensor
+    if args.dtype:
+        a = a.to(_DTYPES[args.dtype])
+    if args.device:
+        a = a.to(args.device)
+    load_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    stats = pairwise_cosine_stats(
+        a, bins=args.bins, zero_rows=args.zero_rows, n_rows=args.n_rows, backend=args.backend,
+        precision=args.precision, progress=None if args.progress else False,
+    )
+    stream_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    moments = cosine_moments(a, zero_rows=args.zero_rows, n_rows=args.n_rows)
+    gram_s = time.perf_counter() - t2
+    v, d = stats.shape_a
+    eps = stats.epsilon(args.k_sigma)
+    table = capacity.capacity_table(d, eps, vocab=v)
+
+    print(f"source      {mat.source}" + (f"  [{mat.tensor_name}]" if mat.tensor_name else ""))
+    print(f"matrix      {v} x {d}  {str(a.dtype).replace('torch.', '')}  on {a.device}"
+          + (f"  (dropped {stats.dropped_rows_a} zero rows)" if stats.dropped_rows_a else ""))
+    print(f"pairs       n = {stats.count:,}   backend = {stats.backend}   ({stream_s:.2f} s)")
+    print(f"mean        μ = {stats.mean:.6f}   (Gram identity {moments.mean:.6f})")
+    print(f"std         σ = {stats.std:.6f}   (Gram identity {moments.std:.6f})")
+    print(f"epsilon     ε = μ + {args.k_sigma:g}σ = {eps:.6f}   (Gram identity {moments.epsilon(args.k_sigma):.6f})")
+    print(f"range       min = {stats.min:.6f}   max = {stats.max:.6f}")
+    print(f"class       {capacity.describe_class(eps)}")
+    print("capacity    formula            k (max features)   Welch/orthoplex floor on max|c| for k")
+    labels = {"jl_C8": "JL, C=8", "jl_C3.029": "JL, C=3.029", "adjusted_C1.293": "adjusted, C=1.293", "full": "full form"}
+    for key, row in table["formulas"].items():
+        print(f"            {labels[key]:<18} {_fmt_k(row['capacity']):>16}   {row['welch_floor']:.6f}")
+    if capacity.model_class(eps) == 1:
+        print("            (class 1: these capacities are indeterminate)")
+    print(f"floor       no {v} unit vectors in R^{d} have max|c| below {table['welch_floor_vocab']:.6f} (Welch/orthoplex)")
+
+    if args.json:
+        doc = {
+            "provenance": {
+                "source": mat.source, "tensor": mat.tensor_name, "file": mat.file,
+                "shape": [v, d], "dtype": str(a.dtype).replace("torch.", ""), "device": str(a.device),
+                "backend": stats.backend, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "seconds": {"load": load_s, "stream": stream_s, "gram": gram_s},
+                "versions": {k: info()[k] for k in ("repcap_fast", "torch", "triton", "python")},
+                "command": sys.argv,
+            },
+            "stream": stats.to_dict(include_hist=True),
+            "gram": moments.to_dict(),
+            "epsilon": eps,
+            "k_sigma": args.k_sigma,
+            "quantiles": {str(q): stats.quantile(q) for q in (0.01, 0.5, 0.9, 0.99, 0.999)},
+            "capacity": table,
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=1)
+        print(f"wrote       {args.json}")
+    if args.plot:
+        plot_histogram(stats, args.plot, f"{os.path.basename(str(mat.source))}: {v}×{d}, ε = {eps:.4f}")
+        print(f"wrote       {args.plot}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="repcap", description="repcap_fast: representation geometry of LMs")
+    parser.add_argument("--version", action="version", version=f"repcap_fast {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_info = sub.add_parser("info", help="what was built and which backend each op uses")
+    p_info.set_defaults(func=_cmd_info)
+    p_eps = sub.add_parser("epsilon", help="ε, class and capacity of an embedding matrix")
+    p_eps.add_argument("source", nargs="?", default=None,
+                       help=f"a .safetensors/.npy/.pt file or model directory (default: {DEFAULT_MODEL})")
+    p_eps.add_argument("--tensor", help="tensor name inside the file (default: the input embeddings)")
+    p_eps.add_argument("--n-rows", type=int, help="use only the first N rows (padded vocabularies)")
+    p_eps.add_argument("--zero-rows", choices=("error", "drop"), default="error")
+    p_eps.add_argument("--bins", type=int, default=4096)
+    p_eps.add_argument("--k-sigma", type=float, default=2.0)
+    p_eps.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
+    p_eps.add_argument("--precision", choices=("highest", "tf32"), default="highest")
+    p_eps.add_argument("--dtype", choices=tuple(_DTYPES), help="cast the matrix first")
+    p_eps.add_argument("--device", help="e.g. cuda, cuda:1 (default: where it was loaded, the CPU)")
+    p_eps.add_argument("--json", metavar="PATH", help="write results with provenance")
+    p_eps.add_argument("--plot", metavar="PATH", help="write a PNG of the cosine histogram")
+    p_eps.add_argument("--no-progress", dest="progress", action="store_false")
+    p_eps.set_defaults(func=_cmd_epsilon)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError) as exc:
+        print(f"repcap: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

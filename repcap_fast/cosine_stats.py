@@ -1,0 +1,374 @@
+"""Kernel 1: statistics of all pairwise cosine similarities, never materializing V×V.
+
+Public functions: ``pairwise_cosine_stats`` (streaming: count, mean, std, min, max, histogram),
+``cosine_moments`` (exact mean and std through d×d Grams) and ``epsilon``.
+Layers: pairwise_cosine_stats → _dispatch → _pairwise_cosine_stats_{cpu,cuda,triton,torch}
+→ kernel (torch.ops.repcap_fast.pairwise_cosine_stats / _pairwise_cosine_stats_kernel).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from . import _validation as val
+from ._backends import resolve_backend
+from .reference import cosine_moments_reference, pairwise_cosine_stats_reference
+
+PRECISIONS = {"highest": 0, "tf32": 1}
+# Above this many pairs a progress bar is shown when progress=None.
+_PROGRESS_PAIRS = 200_000_000
+# The upper triangle is cut into row groups; each job (a diagonal block or a rectangle of
+# two groups) is one kernel call, merged in job order.
+_JOB_ROWS = 8192
+_MAX_GROUPS = 16
+
+
+@dataclass(frozen=True)
+class CosineStats:
+    """Statistics of the pairwise cosines c_ij = x̂_i·x̂_j.
+
+    Over the unordered pairs i<j of A, or all pairs (i in A, j in B). ``hist`` counts pairs in
+    ``bins`` equal bins over ``range`` (edges in ``edges``; the last bin includes its right edge);
+    pairs outside ``range`` are counted in ``below`` and ``above``, never dropped, so
+    ``hist.sum() + below + above == count``.
+    """
+
+    count: int
+    mean: float
+    std: float
+    min: float
+    max: float
+    hist: torch.Tensor
+    edges: torch.Tensor
+    below: int
+    above: int
+    sum: float
+    sum_sq: float
+    backend: str
+    shape_a: Tuple[int, int]
+    shape_b: Optional[Tuple[int, int]] = None
+    dropped_rows_a: int = 0
+    dropped_rows_b: int = 0
+    settings: dict = field(default_factory=dict)
+
+    def epsilon(self, k_sigma: float = 2.0) -> float:
+        """ε = μ + k_sigma·σ (the paper's accepted deviation, k_sigma = 2)."""
+        return self.mean + float(k_sigma) * self.std
+
+    @property
+    def bin_width(self) -> float:
+        return float(self.edges[1] - self.edges[0])
+
+    def quantile(self, q):
+        """Quantile(s) of the cosines from the histogram, linear within a bin.
+
+        Exact to within one bin width (``bin_width``). Raises if the quantile falls outside
+        ``range`` (in ``below``/``above``).
+        """
+        qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
+        if np.any((qs < 0) | (qs > 1)) or not np.all(np.isfinite(qs)):
+            raise ValueError(f"q must be in [0, 1], got {q!r}")
+        cum = np.concatenate([[0], np.cumsum(self.hist.numpy())]).astype(np.float64) + self.below
+        edges = self.edges.numpy()
+        out = np.empty_like(qs)
+        for k, qk in enumerate(qs):
+            target = qk * self.count
+            if target < self.below or target > cum[-1]:
+                raise ValueError(
+                    f"quantile {qk} lies outside the histogram range {tuple(edges[[0, -1]])} "
+                    f"({self.below} pairs below, {self.above} above); widen range="
+                )
+            i = int(np.searchsorted(cum, target, side="left"))
+            i = min(max(i, 1), len(cum) - 1)
+            in_bin = cum[i] - cum[i - 1]
+            frac = 0.0 if in_bin == 0 else (target - cum[i - 1]) / in_bin
+            out[k] = edges[i - 1] + frac * (edges[i] - edges[i - 1])
+        return float(out[0]) if np.ndim(q) == 0 else out
+
+    def tail_count(self, t: float) -> int:
+        """Number of pairs with c ≥ t', t' the first bin edge ≥ t (exact when t is an edge).
+
+        Pairs above ``range`` are included; t must lie within ``range``.
+        """
+        edges = self.edges.numpy()
+        if not edges[0] <= float(t) <= edges[-1]:
+            raise ValueError(f"t must lie in the histogram range {tuple(edges[[0, -1]])}, got {t}")
+        first = int(np.searchsorted(edges, float(t), side="left"))
+        return int(self.hist[first:].sum()) + int(self.above)
+
+    def to_dict(self, include_hist: bool = True) -> dict:
+        out = {
+            "count": int(self.count),
+            "mean": self.mean,
+            "std": self.std,
+            "epsilon": self.epsilon(),
+            "min": self.min,
+            "max": self.max,
+            "below": int(self.below),
+            "above": int(self.above),
+            "sum": self.sum,
+            "sum_sq": self.sum_sq,
+            "backend": self.backend,
+            "shape_a": list(self.shape_a),
+            "shape_b": list(self.shape_b) if self.shape_b else None,
+            "dropped_rows_a": self.dropped_rows_a,
+            "dropped_rows_b": self.dropped_rows_b,
+            "settings": dict(self.settings),
+        }
+        if include_hist:
+            out["hist"] = self.hist.tolist()
+            out["edges"] = self.edges.tolist()
+        return out
+
+
+@dataclass(frozen=True)
+class CosineMoments:
+    """Exact mean and population std of the pairwise cosines from the d×d Gram identity."""
+
+    count: int
+    mean: float
+    std: float
+    sum: float
+    sum_sq: float
+    shape_a: Tuple[int, int]
+    shape_b: Optional[Tuple[int, int]] = None
+    dropped_rows_a: int = 0
+    dropped_rows_b: int = 0
+
+    def epsilon(self, k_sigma: float = 2.0) -> float:
+        return self.mean + float(k_sigma) * self.std
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["epsilon"] = self.epsilon()
+        d["shape_a"] = list(self.shape_a)
+        d["shape_b"] = list(self.shape_b) if self.shape_b else None
+        return d
+
+
+def _mean_std(count: int, total: float, total_sq: float) -> Tuple[float, float]:
+    mean = total / count
+    var = max(total_sq / count - mean * mean, 0.0)
+    return mean, math.sqrt(var)
+
+
+def _prepare(a, b, zero_rows, n_rows):
+    """Validated operands with their float64 row norms and dropped-row counts."""
+    a = val.restrict_rows(val.as_matrix(a, "A"), n_rows, "A")
+    norms_a = val.row_norms(a, "A")
+    a, norms_a, dropped_a = val.drop_zero_rows(a, norms_a, zero_rows, "A")
+    norms_b, dropped_b = None, 0
+    if b is not None:
+        b = val.as_matrix(b, "B")
+        val.check_pair(a, b)
+        norms_b = val.row_norms(b, "B")
+        b, norms_b, dropped_b = val.drop_zero_rows(b, norms_b, zero_rows, "B")
+        if b.shape[0] == 0:
+            raise ValueError("B has no rows left after dropping zero-norm rows")
+        if a.shape[0] == 0:
+            raise ValueError("A has no rows left after dropping zero-norm rows")
+    elif a.shape[0] < 2:
+        raise ValueError(
+            f"A needs at least 2 rows to form a pair, got {a.shape[0]}"
+            + (f" after dropping {dropped_a} zero-norm rows" if dropped_a else "")
+        )
+    return a, norms_a, dropped_a, b, norms_b, dropped_b
+
+
+def _kernel_operand(x: torch.Tensor, norms: torch.Tensor):
+    """(operand in a kernel dtype, float32 inverse norms). Kernels form dot products of the raw
+    rows and scale them in the epilogue; rows with extreme norms are pre-normalized so that
+    float32 dot products cannot overflow or underflow."""
+    if x.dtype == torch.float64:
+        x = x.to(torch.float32)
+    if float(norms.max()) > 1e15 or float(norms.min()) < 1e-15:
+        x = (x.to(torch.float64) / norms[:, None]).to(torch.float32)
+        norms = val.row_norms(x, "A")
+    return x.contiguous(), (1.0 / norms).to(torch.float32)
+
+
+def _job_plan(m: int):
+    """Row groups and the fixed job order (i, j) over the upper triangle of group blocks."""
+    groups = min(_MAX_GROUPS, max(1, -(-m // _JOB_ROWS)))
+    bounds = [round(k * m / groups) for k in range(groups + 1)]
+    jobs = [(i, j) for i in range(groups) for j in range(i, groups)]
+    return bounds, jobs
+
+
+def _run_jobs(kernel, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
+    """Cuts the work into jobs, runs `kernel` on each, merges the partials in job order."""
+    if b is None:
+        bounds, jobs = _job_plan(a.shape[0])
+        work = []
+        for i, j in jobs:
+            ra = slice(bounds[i], bounds[i + 1])
+            rb = slice(bounds[j], bounds[j + 1])
+            if i == j:
+                work.append((a[ra], inv_a[ra], None, None))
+            else:
+                work.append((a[ra], inv_a[ra], a[rb], inv_a[rb]))
+    else:
+        bounds, _ = _job_plan(a.shape[0])
+        work = [(a[s:e], inv_a[s:e], b, inv_b) for s, e in zip(bounds[:-1], bounds[1:])]
+
+    def pairs(job):
+        m = job[0].shape[0]
+        return m * (m - 1) // 2 if job[2] is None else m * job[2].shape[0]
+
+    total_pairs = sum(pairs(job) for job in work)
+    bar = _progress_bar(progress, total_pairs, "cosine pairs")
+    total = total_sq = 0.0
+    cmin, cmax = math.inf, -math.inf
+    count = below = above = 0
+    hist = torch.zeros(bins, dtype=torch.int64)
+    for job in work:
+        if pairs(job) == 0:
+            continue
+        moments, counts, h = kernel(job[0], job[1], job[2], job[3], bins, lo, hi, math_mode)
+        mom = moments.tolist()
+        cnt = counts.tolist()
+        total += mom[0]
+        total_sq += mom[1]
+        cmin = min(cmin, mom[2])
+        cmax = max(cmax, mom[3])
+        count += cnt[0]
+        below += cnt[1]
+        above += cnt[2]
+        hist += h.cpu()
+        if bar is not None:
+            bar.update(cnt[0])
+    if bar is not None:
+        bar.close()
+    return dict(count=count, sum=total, sum_sq=total_sq, min=cmin, max=cmax, below=below, above=above, hist=hist)
+
+
+def _progress_bar(progress, total, unit):
+    show = progress if progress is not None else total >= _PROGRESS_PAIRS
+    if not show:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit=" pairs", unit_scale=True, desc=unit, leave=False)
+
+
+def _pairwise_cosine_stats_cpu(a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
+    return _run_jobs(torch.ops.repcap_fast.pairwise_cosine_stats, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress)
+
+
+def _pairwise_cosine_stats_cuda(a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
+    # The same registered op as the CPU backend: the dispatcher routes CUDA tensors to csrc/cuda.
+    return _run_jobs(torch.ops.repcap_fast.pairwise_cosine_stats, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress)
+
+
+def _pairwise_cosine_stats_triton(a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
+    from .triton_kernels import pairwise_cosine_stats_triton
+
+    return _run_jobs(pairwise_cosine_stats_triton, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress)
+
+
+def _pairwise_cosine_stats_torch(a, b, bins, lo, hi, progress):
+    bar = None
+    if progress or (progress is None and a.shape[0] * (b if b is not None else a).shape[0] // 2 >= _PROGRESS_PAIRS):
+        from tqdm.auto import tqdm
+
+        bar = lambda it: tqdm(it, desc="cosine rows (reference)", leave=False)  # noqa: E731
+    return pairwise_cosine_stats_reference(a, b, bins=bins, lo=lo, hi=hi, dtype=torch.float64, progress=bar)
+
+
+def pairwise_cosine_stats(
+    A,
+    B=None,
+    *,
+    bins: int = 4096,
+    range: Sequence[float] = (-1.0, 1.0),
+    zero_rows: str = "error",
+    n_rows: Optional[int] = None,
+    backend: str = "auto",
+    precision: str = "highest",
+    progress: Optional[bool] = None,
+) -> CosineStats:
+    """Statistics of all pairwise cosine similarities of the rows of A (pairs i<j), or of all
+    pairs (i in A, j in B), streamed tile by tile: O(V·d) memory, never V×V.
+
+    Args:
+        A: (V, d) float16/bfloat16/float32/float64 tensor or numpy array, rows are vectors.
+        B: optional (n, d) matrix on A's device; then all V·n pairs are used.
+        bins, range: the fixed-bin histogram (default 4096 bins over [-1, 1]).
+        zero_rows: "error" (default) refuses zero-norm rows; "drop" drops and counts them.
+        n_rows: use only the first n_rows rows of A (padded vocabularies).
+        backend: "auto", "cuda", "triton", "cpu" or "torch" (float64 reference).
+        precision: for float32 inputs on GPU, "highest" (float32 FMA dot products) or "tf32"
+            (tensor cores). bf16/fp16 inputs always use exact products with float32
+            accumulation. The C++ CPU kernel always works in float32.
+        progress: show a progress bar (default: on for runs of 2e8 pairs or more).
+
+    Dot products are accumulated in float32 (float64 on the torch backend) and scaled by the
+    inverse float64 row norms; per-row/tile sums are merged in float64 in a fixed order, so a
+    result is bitwise repeatable on the same backend and machine.
+    """
+    bins, lo, hi = val.check_histogram(bins, range)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
+    a, norms_a, dropped_a, b, norms_b, dropped_b = _prepare(A, B, zero_rows, n_rows)
+    name = resolve_backend(backend, a.device, "pairwise_cosine_stats")
+    if name == "torch":
+        raw = _pairwise_cosine_stats_torch(a, b, bins, lo, hi, progress)
+    else:
+        ka, inv_a = _kernel_operand(a, norms_a)
+        kb, inv_b = (None, None) if b is None else _kernel_operand(b.to(ka.dtype), norms_b)
+        launcher = {
+            "cpu": _pairwise_cosine_stats_cpu,
+            "cuda": _pairwise_cosine_stats_cuda,
+            "triton": _pairwise_cosine_stats_triton,
+        }[name]
+        raw = launcher(ka, inv_a, kb, inv_b, bins, lo, hi, PRECISIONS[precision], progress)
+    mean, std = _mean_std(raw["count"], raw["sum"], raw["sum_sq"])
+    return CosineStats(
+        count=raw["count"],
+        mean=mean,
+        std=std,
+        min=float(raw["min"]),
+        max=float(raw["max"]),
+        hist=raw["hist"],
+        edges=torch.linspace(lo, hi, bins + 1, dtype=torch.float64),
+        below=raw["below"],
+        above=raw["above"],
+        sum=raw["sum"],
+        sum_sq=raw["sum_sq"],
+        backend=name,
+        shape_a=tuple(a.shape),
+        shape_b=tuple(b.shape) if b is not None else None,
+        dropped_rows_a=dropped_a,
+        dropped_rows_b=dropped_b,
+        settings={"bins": bins, "range": [lo, hi], "zero_rows": zero_rows, "n_rows": n_rows,
+                  "precision": precision, "dtype": str(a.dtype).replace("torch.", "")},
+    )
+
+
+def cosine_moments(A, B=None, *, zero_rows: str = "error", n_rows: Optional[int] = None) -> CosineMoments:
+    """Exact mean and std of the pairwise cosines through the d×d Gram identity, in float64.
+
+    O(V·d²) time, O(d²) extra memory, no pairs at all (DESIGN 1.1). Runs on A's device.
+    """
+    a, _, dropped_a, b, _, dropped_b = _prepare(A, B, zero_rows, n_rows)
+    raw = cosine_moments_reference(a, b)
+    mean, std = _mean_std(raw["count"], raw["sum"], raw["sum_sq"])
+    return CosineMoments(
+        count=raw["count"], mean=mean, std=std, sum=raw["sum"], sum_sq=raw["sum_sq"],
+        shape_a=tuple(a.shape), shape_b=tuple(b.shape) if b is not None else None,
+        dropped_rows_a=dropped_a, dropped_rows_b=dropped_b,
+    )
+
+
+def epsilon(A, B=None, *, method: str = "gram", k_sigma: float = 2.0, **kwargs) -> float:
+    """ε = μ + k_sigma·σ of the pairwise cosines; method "gram" (exact, O(V·d²)) or "stream"."""
+    if method == "gram":
+        return cosine_moments(A, B, **kwargs).epsilon(k_sigma)
+    if method == "stream":
+        return pairwise_cosine_stats(A, B, **kwargs).epsilon(k_sigma)
+    raise ValueError(f"method must be 'gram' or 'stream', got {method!r}")

