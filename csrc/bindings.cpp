@@ -246,4 +246,14 @@ py::dict build_info() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "repcap_fast compiled kernels (ops are registered as torch.ops.repcap_fast.*)";
   m.def("build_info", &build_info, "What this build of repcap_fast._C contains.");
+  // Test hooks: the shared host/device epilogue functions, called from the CPU build.
+  m.def("_upper_tile_coords", [](int64_t t, int64_t nb) {
+    int64_t bi = 0, bj = 0;
+    repcap::upper_tile_coords(t, nb, &bi, &bj);
+    return std::make_tuple(bi, bj);
+  });
+  m.def("_histogram_bin", [](float c, float lo, float hi, int32_t bins) {
+    return repcap::histogram_bin(c, repcap::make_histogram_spec(lo, hi, bins));
+  });
+  m.def("_cosine_from_dot", &repcap::cosine_from_dot);
 }

@@ -13,7 +13,7 @@ overflows, and the plain forms return inf where float64 overflows.
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import gammaln
+from scipy.special import comb, gammaln
 
 JL_C_PROVEN = 8.0
 JL_C_FITTED = 3.029
@@ -127,7 +127,9 @@ def welch_bound(k, d, order=1):
     t = np.asarray(order, dtype=np.float64)
     if np.any(k < 2) or np.any(d < 1) or np.any(t < 1) or np.any(t != np.floor(t)):
         raise ValueError("welch_bound needs k >= 2, d >= 1 and an integer order >= 1")
-    ratio = np.exp(np.log(k) - _log_binom(d + t - 1.0, t))
+    with np.errstate(over="ignore"):
+        binom = comb(d + t - 1.0, t)  # exact-ish in float64; log form where it overflows
+    ratio = np.where(np.isfinite(binom), k / binom, np.exp(np.log(k) - _log_binom(d + t - 1.0, t)))
     rhs = np.maximum((ratio - 1.0) / (k - 1.0), 0.0)
     return _out(rhs ** (1.0 / (2.0 * t)))
 

@@ -1,7 +1,7 @@
 """Triton kernel of pairwise_cosine_stats: tl.dot tiles + fused statistics epilogue.
 
 Each program walks a fixed, strided set of tiles of the upper triangle (or of the full m x n
-grid) and keeps its own partials: Σc and Σc² in float64 (per-row float32 sums, then float64),
+grid) and keeps its own partials: Σc and Σc² in float64 (each c squared and summed in float64),
 min, max, counts below/above the histogram range, and an int64 histogram. The launcher merges
 the per-program partials on the host in program order, so results are bitwise repeatable.
 """
@@ -91,11 +91,9 @@ def _pairwise_cosine_stats_kernel(
         keep = row_ok[:, None] & col_ok[None, :]
         if SELF_PAIRS:
             keep = keep & (cols[None, :] > rows[:, None])
-        c_kept = tl.where(keep, c, 0.0)
-        row_sum = tl.sum(c_kept, axis=1)
-        row_sum_sq = tl.sum(c_kept * c_kept, axis=1)
-        acc_sum += tl.sum(row_sum.to(tl.float64), axis=0)
-        acc_sum_sq += tl.sum(row_sum_sq.to(tl.float64), axis=0)
+        c_kept = tl.where(keep, c, 0.0).to(tl.float64)
+        acc_sum += tl.sum(tl.sum(c_kept, axis=1), axis=0)
+        acc_sum_sq += tl.sum(tl.sum(c_kept * c_kept, axis=1), axis=0)
         acc_min = tl.minimum(acc_min, tl.min(tl.min(tl.where(keep, c, float("inf")), axis=1), axis=0))
         acc_max = tl.maximum(acc_max, tl.max(tl.max(tl.where(keep, c, float("-inf")), axis=1), axis=0))
         below = keep & (c < lo)
@@ -121,7 +119,7 @@ def _pairwise_cosine_stats_kernel(
 def _config(dtype: torch.dtype, interpreting: bool):
     """(BLOCK_M=BLOCK_N, BLOCK_K, num_warps, num_stages)."""
     if interpreting:
-        return 32, 32, 4, 1
+        return 64, 64, 4, 1
     if dtype == torch.float32:
         return 128, 32, 8, 3
     return 128, 64, 8, 3

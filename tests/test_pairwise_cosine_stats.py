@@ -1,0 +1,280 @@
+"""pairwise_cosine_stats on every backend against the float64 reference."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import repcap_fast as rf
+from repcap_fast.reference import histogram_bins, pairwise_cosine_stats_reference
+
+from conftest import cpu_backends
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# Kernels form dot products of the (exactly upcast) inputs in float32; these bound the error of
+# mean/std and of min/max against float64 for d ≤ 384 and unit-scale inputs, per input dtype.
+MOMENT_TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-6, torch.float16: 2e-6, torch.float64: 1e-10}
+EXTREME_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-5, torch.float16: 1e-5, torch.float64: 1e-12}
+# Largest |c_kernel - c_float64| allowed for any pair; pairs this close to a bin edge may switch bins.
+COSINE_TOL = 1e-5
+
+
+def cosines64(a, b=None):
+    """Every pair's cosine in float64, materialized (small sizes only)."""
+    x = torch.nn.functional.normalize(a.double(), dim=1, eps=0.0)
+    if b is None:
+        iu = torch.triu_indices(x.shape[0], x.shape[0], 1)
+        return (x @ x.T)[iu[0], iu[1]].clamp(-1, 1)
+    y = torch.nn.functional.normalize(b.double(), dim=1, eps=0.0)
+    return (x @ y.T).reshape(-1).clamp(-1, 1)
+
+
+def near_edge(c, bins, lo, hi, delta):
+    pos = (c - lo) * (bins / (hi - lo))
+    dist = (pos - pos.round()).abs() * ((hi - lo) / bins)
+    return int((dist < delta).sum())
+
+
+def assert_matches(stats, c, *, dtype, bins=4096, lo=-1.0, hi=1.0):
+    n = c.numel()
+    assert stats.count == n
+    assert int(stats.hist.sum()) + stats.below + stats.above == n
+    assert stats.mean == pytest.approx(float(c.mean()), abs=MOMENT_TOL[dtype])
+    assert stats.std == pytest.approx(float(c.std(unbiased=False)), abs=MOMENT_TOL[dtype])
+    assert stats.min == pytest.approx(float(c.min()), abs=EXTREME_TOL[dtype])
+    assert stats.max == pytest.approx(float(c.max()), abs=EXTREME_TOL[dtype])
+    ref_hist, ref_below, ref_above = histogram_bins(c, bins, lo, hi)
+    moved = int((stats.hist - ref_hist).abs().sum()) + abs(stats.below - ref_below) + abs(stats.above - ref_above)
+    assert moved <= 2 * near_edge(c, bins, lo, hi, COSINE_TOL), moved
+
+
+def random_matrix(v, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed + 1000 * v + d)
+    a = torch.randn(v, d, generator=g)
+    a += 0.3 * torch.randn(1, d, generator=g)  # a shared direction: mean cosine ≠ 0
+    return a.to(dtype)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("v", [2, 97, 1023, 1025])
+@pytest.mark.parametrize("d", [1, 3, 64, 384])
+def test_self_pairs_match_reference(backend, dtype, v, d):
+    if backend == "triton" and dtype != torch.float32 and v > 1000 and d > 64:
+        pytest.skip("interpreter time: 16-bit Triton covered at the smaller sizes")
+    a = random_matrix(v, d, dtype)
+    stats = rf.pairwise_cosine_stats(a, backend=backend)
+    assert stats.backend == backend
+    assert stats.count == v * (v - 1) // 2
+    assert_matches(stats, cosines64(a), dtype=dtype if backend != "torch" else torch.float64)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,n,d", [(1, 1, 5), (97, 1, 64), (1023, 130, 33), (65, 1025, 384)])
+def test_rectangular_a_by_b(backend, dtype, m, n, d):
+    a = random_matrix(m, d, dtype, seed=1)
+    b = random_matrix(n, d, dtype, seed=2)
+    stats = rf.pairwise_cosine_stats(a, b, backend=backend)
+    assert stats.count == m * n and stats.shape_b == (n, d)
+    assert_matches(stats, cosines64(a, b), dtype=dtype if backend != "torch" else torch.float64)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_narrow_range_counts_outside_never_drops(backend):
+    a = random_matrix(300, 16, torch.float32)
+    stats = rf.pairwise_cosine_stats(a, bins=100, range=(-0.2, 0.25), backend=backend)
+    c = cosines64(a)
+    assert stats.below == int((c < -0.2).sum()) and stats.above == int((c > 0.25).sum())
+    assert stats.below > 0 and stats.above > 0
+    assert_matches(stats, c, dtype=torch.float32, bins=100, lo=-0.2, hi=0.25)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_histogram_exact_at_bin_centres(backend):
+    # Cosines placed at bin centres: no rounding can move them, the histogram is exact.
+    bins = 64
+    centres = -1 + (np.arange(bins) + 0.5) * (2 / bins)
+    picks = np.repeat(centres, np.arange(bins) % 5 + 1)
+    b = torch.tensor(np.stack([picks, np.sqrt(1 - picks**2)], 1), dtype=torch.float32)
+    a = torch.tensor([[1.0, 0.0]])
+    stats = rf.pairwise_cosine_stats(a, b, bins=bins, backend=backend)
+    assert stats.hist.tolist() == (np.arange(bins) % 5 + 1).tolist()
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_bitwise_repeatable(backend):
+    a = random_matrix(1025 if backend != "triton" else 300, 64, torch.float32)
+    first = rf.pairwise_cosine_stats(a, backend=backend).to_dict()
+    second = rf.pairwise_cosine_stats(a, backend=backend).to_dict()
+    assert first == second
+
+
+def test_cpu_kernel_is_independent_of_thread_count():
+    a = random_matrix(1500, 48, torch.float32)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = rf.pairwise_cosine_stats(a, backend="cpu")
+    finally:
+        torch.set_num_threads(threads)
+    many = rf.pairwise_cosine_stats(a, backend="cpu")
+    # Σc and Σc² are merged per tile row in a fixed order; BLAS may round tile GEMMs differently
+    # with another thread count, so compare to float32 rounding of the dot products.
+    assert one.count == many.count
+    assert one.mean == pytest.approx(many.mean, abs=1e-7)
+    assert int((one.hist - many.hist).abs().sum()) <= 2 * near_edge(cosines64(a), 4096, -1, 1, 1e-6)
+
+
+def test_job_plan_spans_many_groups():
+    # More rows than one job group: the upper triangle is cut into diagonal and off-diagonal jobs.
+    from repcap_fast import cosine_stats as cs
+
+    old = cs._JOB_ROWS
+    cs._JOB_ROWS = 100
+    try:
+        a = random_matrix(1025, 24, torch.float32)
+        stats = rf.pairwise_cosine_stats(a, backend="cpu")
+    finally:
+        cs._JOB_ROWS = old
+    assert_matches(stats, cosines64(a), dtype=torch.float32)
+
+
+def test_numpy_input_and_float64_input():
+    a = random_matrix(200, 10, torch.float64)
+    s_np = rf.pairwise_cosine_stats(a.numpy(), backend="cpu")
+    s_t = rf.pairwise_cosine_stats(a, backend="cpu")
+    assert s_np.to_dict() == s_t.to_dict()
+    exact = rf.pairwise_cosine_stats(a, backend="torch")
+    c = cosines64(a)
+    assert exact.mean == pytest.approx(float(c.mean()), abs=1e-13)
+
+
+def test_n_rows_restricts_to_leading_rows():
+    a = random_matrix(500, 20, torch.float32)
+    padded = torch.cat([a, torch.zeros(12, 20)])  # padded vocabulary rows
+    s = rf.pairwise_cosine_stats(padded, n_rows=500, backend="cpu")
+    assert s.to_dict() | {"settings": None} == rf.pairwise_cosine_stats(a, backend="cpu").to_dict() | {"settings": None}
+
+
+def test_zero_rows_drop_reports_count():
+    a = random_matrix(300, 20, torch.float32)
+    a[[3, 77, 150]] = 0
+    s = rf.pairwise_cosine_stats(a, zero_rows="drop", backend="cpu")
+    keep = torch.ones(300, dtype=torch.bool)
+    keep[[3, 77, 150]] = False
+    assert s.dropped_rows_a == 3 and s.count == 297 * 296 // 2
+    assert_matches(s, cosines64(a[keep]), dtype=torch.float32)
+    m = rf.cosine_moments(a, zero_rows="drop")
+    assert m.dropped_rows_a == 3 and m.mean == pytest.approx(s.mean, abs=1e-6)
+
+
+def test_extreme_norms_do_not_overflow_float32():
+    a = random_matrix(200, 32, torch.float32)
+    a[:50] *= 1e30
+    a[50:100] *= 1e-30
+    assert_matches(rf.pairwise_cosine_stats(a, backend="cpu"), cosines64(a), dtype=torch.float32)
+
+
+def test_quantile_and_tail_count_against_numpy():
+    a = random_matrix(800, 16, torch.float32)
+    s = rf.pairwise_cosine_stats(a, backend="cpu")
+    c = cosines64(a).numpy()
+    for q in (0.01, 0.5, 0.9, 0.999):
+        assert abs(s.quantile(q) - np.quantile(c, q)) <= s.bin_width
+    qs = s.quantile([0.1, 0.5])
+    assert qs.shape == (2,)
+    edge = float(s.edges[2500])
+    assert abs(s.tail_count(edge) - int((c >= edge).sum())) <= near_edge(torch.from_numpy(c), 4096, -1, 1, 1e-5)
+    assert s.tail_count(-1.0) == s.count
+    with pytest.raises(ValueError, match="q must be"):
+        s.quantile(1.5)
+    with pytest.raises(ValueError, match="t must lie"):
+        s.tail_count(2.0)
+
+
+def test_quantile_outside_range_raises():
+    a = random_matrix(300, 8, torch.float32)
+    s = rf.pairwise_cosine_stats(a, range=(-0.1, 0.1), backend="cpu")
+    with pytest.raises(ValueError, match="outside the histogram range"):
+        s.quantile(0.999)
+
+
+def test_to_dict_and_epsilon():
+    a = random_matrix(100, 8, torch.float32)
+    s = rf.pairwise_cosine_stats(a, backend="cpu")
+    d = s.to_dict()
+    assert d["epsilon"] == pytest.approx(s.mean + 2 * s.std)
+    assert s.epsilon(3.0) == pytest.approx(s.mean + 3 * s.std)
+    assert len(d["hist"]) == 4096 and len(d["edges"]) == 4097
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cosine_moments_gram_identity(dtype):
+    a = random_matrix(517, 40, dtype)
+    b = random_matrix(211, 40, dtype, seed=5)
+    c = cosines64(a)
+    m = rf.cosine_moments(a)
+    assert m.count == c.numel()
+    assert m.mean == pytest.approx(float(c.mean()), abs=1e-12)
+    assert m.std == pytest.approx(float(c.std(unbiased=False)), abs=1e-12)
+    cab = cosines64(a, b)
+    mab = rf.cosine_moments(a, b)
+    assert mab.mean == pytest.approx(float(cab.mean()), abs=1e-12)
+    assert mab.std == pytest.approx(float(cab.std(unbiased=False)), abs=1e-12)
+
+
+def test_epsilon_methods_agree():
+    a = random_matrix(600, 30, torch.float32)
+    e_gram = rf.epsilon(a)
+    e_stream = rf.epsilon(a, method="stream", backend="cpu")
+    assert e_gram == pytest.approx(e_stream, abs=5e-6)
+    assert rf.epsilon(a, k_sigma=0) == pytest.approx(rf.cosine_moments(a).mean)
+    with pytest.raises(ValueError, match="method"):
+        rf.epsilon(a, method="pairs")
+
+
+def test_opcheck_registered_op():
+    a = random_matrix(70, 9, torch.float32)
+    inv = (1 / a.double().norm(dim=1)).float()
+    b = random_matrix(33, 9, torch.float32, seed=3)
+    inv_b = (1 / b.double().norm(dim=1)).float()
+    op = torch.ops.repcap_fast.pairwise_cosine_stats.default
+    torch.library.opcheck(op, (a, inv, None, None, 128, -1.0, 1.0, 0))
+    torch.library.opcheck(op, (a, inv, b, inv_b, 128, -1.0, 1.0, 0))
+
+
+# --- the real model -------------------------------------------------------------------------
+
+
+def test_minilm_cpu_matches_reference(minilm_embeddings):
+    e = minilm_embeddings
+    s = rf.pairwise_cosine_stats(e, backend="cpu")
+    ref = pairwise_cosine_stats_reference(e, bins=4096, lo=-1.0, hi=1.0)
+    v = e.shape[0]
+    assert s.count == ref["count"] == v * (v - 1) // 2 == int(s.hist.sum())
+    mean_ref = ref["sum"] / ref["count"]
+    std_ref = math.sqrt(ref["sum_sq"] / ref["count"] - mean_ref**2)
+    assert s.mean == pytest.approx(mean_ref, abs=1e-7)
+    assert s.std == pytest.approx(std_ref, abs=1e-7)
+    assert s.epsilon() == pytest.approx(mean_ref + 2 * std_ref, abs=3e-7)
+    assert s.min == pytest.approx(ref["min"], abs=1e-5)
+    assert s.max == pytest.approx(ref["max"], abs=1e-5)
+    moved = int((s.hist - ref["hist"]).abs().sum())
+    assert moved <= 1e-3 * s.count, moved
+    # The exact Gram identity agrees with the stream.
+    g = rf.cosine_moments(e)
+    assert g.mean == pytest.approx(s.mean, abs=1e-7)
+    assert g.std == pytest.approx(s.std, abs=1e-7)
+    assert g.mean == pytest.approx(mean_ref, abs=1e-10)
+    assert g.std == pytest.approx(std_ref, abs=1e-10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_minilm_subset_every_backend(minilm_embeddings, dtype):
+    e = minilm_embeddings[::15][:1500].to(dtype)  # 1500 real rows across the vocabulary
+    c = cosines64(e)
+    for backend in cpu_backends():
+        s = rf.pairwise_cosine_stats(e, backend=backend)
+        assert_matches(s, c, dtype=dtype if backend != "torch" else torch.float64)
