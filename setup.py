@@ -47,7 +47,7 @@ def _want_cuda():
 def _extension():
     debug = os.environ.get("REPCAP_DEBUG", "0") == "1"
     opt = ["-O0", "-g"] if debug else ["-O3"]
-    cxx = ["-std=c++17", "-fopenmp", *opt]
+    cxx = ["-fopenmp", *opt]  # torch adds -std=c++20
     sources = ["csrc/bindings.cpp", *sorted(glob.glob("csrc/cpu/*.cpp"))]
     build_cuda, why = _want_cuda()
     print(f"repcap_fast: CUDA kernels {'built' if build_cuda else 'not built'} ({why})")
@@ -57,7 +57,7 @@ def _extension():
         )
     # Set the arch list here so torch never queries a GPU for it.
     archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
-    nvcc = ["-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", *(["-G", "-g"] if debug else ["-O3"])]
+    nvcc = ["--expt-relaxed-constexpr", "-lineinfo", *(["-G", "-g"] if debug else ["-O3"])]
     return CUDAExtension(
         "repcap_fast._C",
         sources + sorted(glob.glob("csrc/cuda/*.cu")),

@@ -9,8 +9,9 @@
 #include "pairwise_cosine_stats_epilogue.h"
 
 #ifdef REPCAP_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include "cuda/pairwise_cosine_stats_cuda.h"
 #endif
@@ -152,7 +153,10 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
   args.math = math;
   args.hist = repcap::make_histogram_spec(static_cast<float>(lo), static_cast<float>(hi),
                                           static_cast<int32_t>(bins));
-  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  int sm_count = 0;
+  TORCH_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, a.get_device()) ==
+                  cudaSuccess,
+              "pairwise_cosine_stats (cuda): cannot read the SM count");
   args.num_blocks = repcap::cuda::pairwise_cosine_stats_cuda_num_blocks(args, sm_count);
   const int64_t nb = args.num_blocks;
   auto dev = ac.options();
@@ -168,7 +172,7 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
   args.block_max = block_max.data_ptr<float>();
   args.block_outside = block_outside.data_ptr<int64_t>();
   args.block_hist = block_hist.data_ptr<int64_t>();
-  args.stream = at::cuda::getCurrentCUDAStream().stream();
+  args.stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
   const char* err = repcap::cuda::pairwise_cosine_stats_cuda(args);
   TORCH_CHECK(err == nullptr, "pairwise_cosine_stats (cuda): ", err ? err : "");
 
