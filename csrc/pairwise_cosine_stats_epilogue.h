@@ -36,7 +36,7 @@ constexpr int32_t kBinBelow = -1;
 constexpr int32_t kBinAbove = -2;
 
 REPCAP_HD int32_t histogram_bin(float c, const HistogramSpec& spec) {
-  if (c < spec.lo) return kBinBelow;
+  if (!(c >= spec.lo)) return kBinBelow;  // NaN lands here too (inputs are checked; memory-safe)
   if (c > spec.hi) return kBinAbove;
   int32_t b = static_cast<int32_t>((c - spec.lo) * spec.bins_per_unit);
   return b < spec.bins ? b : spec.bins - 1;
