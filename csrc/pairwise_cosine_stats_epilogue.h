@@ -31,15 +31,27 @@ REPCAP_HD HistogramSpec make_histogram_spec(float lo, float hi, int32_t bins) {
   return spec;
 }
 
+// Slot of c without branches: [0, bins) its bin, bins for c < lo (and NaN), bins + 1 for c > hi.
+// slot = min(floor((c - lo)·bins/(hi - lo)), bins - 1) inside [lo, hi].
+REPCAP_HD int32_t histogram_slot(float c, const HistogramSpec& spec) {
+  float pos = (c - spec.lo) * spec.bins_per_unit;
+  const float last = static_cast<float>(spec.bins - 1);
+  pos = pos > 0.0f ? pos : 0.0f;  // also maps NaN to 0 before the int conversion
+  pos = pos < last ? pos : last;
+  int32_t slot = static_cast<int32_t>(pos);
+  slot = c >= spec.lo ? slot : spec.bins;
+  return c > spec.hi ? spec.bins + 1 : slot;
+}
+
 // Sentinels returned by histogram_bin for values outside [lo, hi].
 constexpr int32_t kBinBelow = -1;
 constexpr int32_t kBinAbove = -2;
 
+// The bin of c in [0, bins), or kBinBelow / kBinAbove (NaN: kBinBelow).
 REPCAP_HD int32_t histogram_bin(float c, const HistogramSpec& spec) {
-  if (!(c >= spec.lo)) return kBinBelow;  // NaN lands here too (inputs are checked; memory-safe)
-  if (c > spec.hi) return kBinAbove;
-  int32_t b = static_cast<int32_t>((c - spec.lo) * spec.bins_per_unit);
-  return b < spec.bins ? b : spec.bins - 1;
+  const int32_t slot = histogram_slot(c, spec);
+  if (slot < spec.bins) return slot;
+  return slot == spec.bins ? kBinBelow : kBinAbove;
 }
 
 // c_ij = clamp(a_i·b_j / (‖a_i‖‖b_j‖), -1, 1). The clamp only removes rounding excess:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_NORM_CHUNK_BYTES = 256 << 20
+_NORM_CHUNK_BYTES = 16 << 20  # float64 working copy of a row chunk
 
 
 def as_matrix(x, name: str) -> torch.Tensor:

@@ -44,6 +44,8 @@ def test_histogram_bin_edges_and_outside():
     assert _C._histogram_bin(-1.0001, lo, hi, bins) == -1  # below
     assert _C._histogram_bin(1.0001, lo, hi, bins) == -2  # above
     assert _C._histogram_bin(0.3, 0.0, 0.5, 10) == 6
+    assert _C._histogram_bin(float("nan"), lo, hi, bins) == -1  # memory-safe; inputs are checked
+    assert _C._histogram_bin(1e30, lo, hi, bins) == -2 and _C._histogram_bin(-1e30, lo, hi, bins) == -1
 
 
 def test_cosine_from_dot_scales_and_clamps():

@@ -17,8 +17,8 @@ class PairwiseCosineStatsAccumulator {
   PairwiseCosineStatsAccumulator(HistogramSpec spec, int64_t max_tile_rows);
 
   // dots: rows x cols (leading dimension ld) of a_i·b_j for i in [row0, row0+rows),
-  // j in [col0, col0+cols); overwritten with the cosines. upper_only keeps only j > i.
-  void accumulate_tile(float* dots, int64_t ld, int64_t rows, int64_t cols, int64_t row0,
+  // j in [col0, col0+cols). upper_only keeps only j > i.
+  void accumulate_tile(const float* dots, int64_t ld, int64_t rows, int64_t cols, int64_t row0,
                        int64_t col0, bool upper_only, const float* a_inv_norm,
                        const float* b_inv_norm);
 
@@ -35,8 +35,10 @@ class PairwiseCosineStatsAccumulator {
   CosinePartial total_;
   int64_t count_ = 0;
   std::vector<CosinePartial> row_partials_;
-  std::vector<int64_t> thread_hist_;      // num_threads x bins
-  std::vector<int64_t> thread_outside_;   // num_threads x 2 (below, above)
+  int64_t slot_total(int32_t slot) const;
+
+  std::vector<int64_t> thread_hist_;   // num_threads x (bins + 2): bins, then below, above
+  std::vector<int32_t> thread_slots_;  // num_threads x tile columns: histogram slots of a row
 };
 
 }  // namespace cpu
