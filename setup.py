@@ -17,8 +17,15 @@ import shutil
 
 from setuptools import setup
 
-import torch
-from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME
+try:
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME
+except ImportError:
+    raise SystemExit(
+        "repcap_fast builds against the torch already installed: install it first "
+        "(`pip install torch==2.13.0`, or your CUDA build) and then run "
+        "`pip install --no-build-isolation -e .`"
+    ) from None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VERSION = "0.1.0"
