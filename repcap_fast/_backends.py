@@ -128,12 +128,14 @@ def info() -> dict:
     build = module.build_info() if module is not None else {}
     triton_mod, _ = _triton()
     gpu = torch.device("cuda") if torch.cuda.is_available() else None
-    ops = {}
-    for op in OPS:
-        ops[op] = {
+    # The choice for CUDA tensors follows from the build alone, with or without a device here.
+    ops = {
+        op: {
             "cpu": resolve_backend("auto", torch.device("cpu"), op),
-            "cuda": resolve_backend("auto", gpu, op) if gpu is not None else "no CUDA device",
+            "cuda": resolve_backend("auto", torch.device("cuda"), op),
         }
+        for op in OPS
+    }
     return {
         "repcap_fast": __version__,
         "python": platform.python_version(),

@@ -14,8 +14,9 @@ def test_info_reports_build_and_choices():
     assert info["built"]["cpu"] is True
     assert info["built"]["triton"] is True
     assert info["ops"]["pairwise_cosine_stats"]["cpu"] == "cpu"
-    if not torch.cuda.is_available():
-        assert info["ops"]["pairwise_cosine_stats"]["cuda"] == "no CUDA device"
+    expected_gpu = "cuda" if info["built"]["cuda"] else ("triton" if info["built"]["triton"] else "torch")
+    assert info["ops"]["pairwise_cosine_stats"]["cuda"] == expected_gpu
+    assert info["cuda_device"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
     assert info["torch"] == torch.__version__
 
 
