@@ -67,7 +67,8 @@ class CosineStats:
     def quantile(self, q):
         """Quantile(s) of the cosines from the histogram, linear within a bin.
 
-        Exact to within one bin width (``bin_width``). Raises if the quantile falls outside
+        Within one bin width (``bin_width``) of the exact quantile, and clipped to [min, max].
+        Raises if the quantile falls outside
         ``range`` (in ``below``/``above``).
         """
         qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
@@ -88,6 +89,7 @@ class CosineStats:
             in_bin = cum[i] - cum[i - 1]
             frac = 0.0 if in_bin == 0 else (target - cum[i - 1]) / in_bin
             out[k] = edges[i - 1] + frac * (edges[i] - edges[i - 1])
+        out = np.clip(out, self.min, self.max)  # q = 0 and q = 1 are the exact min and max
         return float(out[0]) if np.ndim(q) == 0 else out
 
     def tail_count(self, t: float) -> int:
@@ -319,8 +321,10 @@ def pairwise_cosine_stats(
     if name == "torch":
         raw = _pairwise_cosine_stats_torch(a, b, bins, lo, hi, progress)
     else:
+        if b is not None and b.dtype != a.dtype:  # mixed dtypes meet in float32, never lower
+            a, b = a.to(torch.float32), b.to(torch.float32)
         ka, inv_a = _kernel_operand(a, norms_a)
-        kb, inv_b = (None, None) if b is None else _kernel_operand(b.to(ka.dtype), norms_b)
+        kb, inv_b = (None, None) if b is None else _kernel_operand(b, norms_b)
         launcher = {
             "cpu": _pairwise_cosine_stats_cpu,
             "cuda": _pairwise_cosine_stats_cuda,

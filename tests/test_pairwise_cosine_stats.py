@@ -141,6 +141,27 @@ def test_job_plan_spans_many_groups():
     assert_matches(stats, cosines64(a), dtype=torch.float32)
 
 
+def test_mixed_dtypes_meet_in_float32():
+    a = random_matrix(300, 24, torch.bfloat16)
+    b = random_matrix(77, 24, torch.float32, seed=4)
+    for backend in cpu_backends():
+        s = rf.pairwise_cosine_stats(a, b, backend=backend)
+        assert_matches(s, cosines64(a, b), dtype=torch.float32)
+
+
+def test_cpu_and_triton_agree_bitwise_on_histogram_at_odd_range():
+    if "triton" not in cpu_backends():
+        pytest.skip("triton not installed")
+    a = random_matrix(250, 12, torch.float32)
+    kw = dict(bins=37, range=(-0.23, 0.31))
+    cpu = rf.pairwise_cosine_stats(a, backend="cpu", **kw)
+    tri = rf.pairwise_cosine_stats(a, backend="triton", **kw)
+    # Same float32 spec and epilogue formula: only pairs within float32 dot error of an edge differ.
+    moved = int((cpu.hist - tri.hist).abs().sum())
+    assert moved <= 2 * near_edge(cosines64(a), 37, -0.23, 0.31, 1e-6)
+    assert (cpu.below, cpu.above) == (tri.below, tri.above)
+
+
 def test_numpy_input_and_float64_input():
     a = random_matrix(200, 10, torch.float64)
     s_np = rf.pairwise_cosine_stats(a.numpy(), backend="cpu")
@@ -188,6 +209,7 @@ def test_quantile_and_tail_count_against_numpy():
     edge = float(s.edges[2500])
     assert abs(s.tail_count(edge) - int((c >= edge).sum())) <= near_edge(torch.from_numpy(c), 4096, -1, 1, 1e-5)
     assert s.tail_count(-1.0) == s.count
+    assert s.quantile(0.0) == s.min and s.quantile(1.0) == s.max
     with pytest.raises(ValueError, match="q must be"):
         s.quantile(1.5)
     with pytest.raises(ValueError, match="t must lie"):

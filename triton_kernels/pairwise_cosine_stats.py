@@ -158,8 +158,9 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, mat
     maxs = torch.empty(programs, dtype=torch.float32, device=dev)
     outside = torch.empty((programs, 2), dtype=torch.int64, device=dev)
     hist = torch.empty((programs, bins), dtype=torch.int64, device=dev)
+    # The same float32 histogram spec as make_histogram_spec in the C++/CUDA epilogue.
     spec_lo, spec_hi = float(torch.tensor(lo, dtype=torch.float32)), float(torch.tensor(hi, dtype=torch.float32))
-    bins_per_unit = float(torch.tensor(bins / (hi - lo), dtype=torch.float32))
+    bins_per_unit = float(torch.tensor(bins / (spec_hi - spec_lo), dtype=torch.float32))
     upcast = a.dtype != torch.float32 and interpreting  # tl.dot on bf16 is wrong when interpreting
     _pairwise_cosine_stats_kernel[(programs,)](
         a, b, a_inv_norm, b_inv_norm,
