@@ -12,10 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
+# math_mode of the op (repcap_fast.cosine_stats.PRECISIONS) -> tl.dot input_precision.
 MATH_EXACT_FP32 = 0
 MATH_TF32 = 1
-MATH_TF32X3 = 2
-_INPUT_PRECISION = {MATH_EXACT_FP32: "ieee", MATH_TF32: "tf32", MATH_TF32X3: "tf32x3"}
+_INPUT_PRECISION = {MATH_EXACT_FP32: "ieee", MATH_TF32: "tf32"}
 
 
 def _interpreting() -> bool:
@@ -168,7 +168,8 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, mat
         spec_lo, spec_hi, bins_per_unit, bins,
         sums, sums_sq, mins, maxs, outside, hist,
         SELF_PAIRS=self_pairs, UPCAST=upcast,
-        INPUT_PRECISION=_INPUT_PRECISION[math_mode] if a.dtype == torch.float32 else "ieee",
+        # input_precision only concerns float32 operands; 16-bit ones keep Triton's default.
+        INPUT_PRECISION=_INPUT_PRECISION[math_mode] if a.dtype == torch.float32 else "tf32",
         BLOCK_M=block, BLOCK_N=block, BLOCK_K=block_k, BINS_P2=triton.next_power_of_2(bins),
         num_warps=num_warps, num_stages=num_stages,
     )
