@@ -1,8 +1,11 @@
 // Torch bindings of repcap_fast._C: dispatcher registration and backend launchers.
 // The only translation unit that includes torch headers; kernels live in plain C++/CUDA files.
 #include <torch/extension.h>
+#include <torch/version.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <tuple>
 
 #include "cpu/pairwise_cosine_stats_cpu.h"
@@ -160,12 +163,16 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
   args.num_blocks = repcap::cuda::pairwise_cosine_stats_cuda_num_blocks(args, sm_count);
   const int64_t nb = args.num_blocks;
   auto dev = ac.options();
-  at::Tensor block_sum = at::empty({nb}, dev.dtype(at::kDouble));
-  at::Tensor block_sum_sq = at::empty({nb}, dev.dtype(at::kDouble));
-  at::Tensor block_min = at::empty({nb}, dev.dtype(at::kFloat));
-  at::Tensor block_max = at::empty({nb}, dev.dtype(at::kFloat));
-  at::Tensor block_outside = at::empty({nb, 2}, dev.dtype(at::kLong));
-  at::Tensor block_hist = at::empty({nb, bins}, dev.dtype(at::kLong));
+  // Poisoned: a slot the kernel fails to write shows up as NaN or a huge count, never as
+  // plausible garbage (a few small device fills per call).
+  constexpr int64_t kPoisonCount = int64_t{1} << 60;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  at::Tensor block_sum = at::full({nb}, nan, dev.dtype(at::kDouble));
+  at::Tensor block_sum_sq = at::full({nb}, nan, dev.dtype(at::kDouble));
+  at::Tensor block_min = at::full({nb}, nan, dev.dtype(at::kFloat));
+  at::Tensor block_max = at::full({nb}, nan, dev.dtype(at::kFloat));
+  at::Tensor block_outside = at::full({nb, 2}, kPoisonCount, dev.dtype(at::kLong));
+  at::Tensor block_hist = at::full({nb, bins}, kPoisonCount, dev.dtype(at::kLong));
   args.block_sum = block_sum.data_ptr<double>();
   args.block_sum_sq = block_sum_sq.data_ptr<double>();
   args.block_min = block_min.data_ptr<float>();
@@ -186,6 +193,10 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
     p.sum_sq = sums_sq.data_ptr<double>()[k];
     p.min = mins.data_ptr<float>()[k];
     p.max = maxs.data_ptr<float>()[k];
+    TORCH_CHECK(!std::isnan(p.sum) && !std::isnan(p.sum_sq) && !std::isnan(p.min) &&
+                    !std::isnan(p.max),
+                "pairwise_cosine_stats (cuda): internal error, block ", k,
+                " did not write its partials");
     repcap::merge_partial(&total, p);
   }
   auto [moments, counts, hist] = make_outputs(bins);
@@ -200,6 +211,8 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
   cnt[1] = outside.data_ptr<int64_t>()[0];
   cnt[2] = outside.data_ptr<int64_t>()[1];
   hist.copy_(block_hist.sum(0));
+  TORCH_CHECK(hist.sum().item<int64_t>() + cnt[1] + cnt[2] == cnt[0],
+              "pairwise_cosine_stats (cuda): internal error, the histogram does not count every pair");
   return {moments, counts, hist};
 }
 #endif

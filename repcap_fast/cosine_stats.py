@@ -23,8 +23,10 @@ PRECISIONS = {"highest": 0, "tf32": 1}
 # Above this many pairs a progress bar is shown when progress=None.
 _PROGRESS_PAIRS = 200_000_000
 # The upper triangle is cut into row groups; each job (a diagonal block or a rectangle of
-# two groups) is one kernel call, merged in job order.
-_JOB_ROWS = 8192
+# two groups) is one kernel call, merged in job order: progress between calls, and a fixed
+# decomposition (so results do not depend on anything but V and the device type). GPU jobs are
+# larger: each call costs a launch and a host synchronization.
+_JOB_ROWS = {"cpu": 8192, "cuda": 65536}
 _MAX_GROUPS = 16
 
 
@@ -194,9 +196,10 @@ def _kernel_operand(x: torch.Tensor, norms: torch.Tensor):
     return x.contiguous(), (1.0 / norms).to(torch.float32)
 
 
-def _job_plan(m: int):
+def _job_plan(m: int, device: torch.device):
     """Row groups and the fixed job order (i, j) over the upper triangle of group blocks."""
-    groups = min(_MAX_GROUPS, max(1, -(-m // _JOB_ROWS)))
+    rows = _JOB_ROWS["cuda" if device.type == "cuda" else "cpu"]
+    groups = min(_MAX_GROUPS, max(1, -(-m // rows)))
     bounds = [round(k * m / groups) for k in range(groups + 1)]
     jobs = [(i, j) for i in range(groups) for j in range(i, groups)]
     return bounds, jobs
@@ -205,7 +208,7 @@ def _job_plan(m: int):
 def _run_jobs(kernel, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
     """Cuts the work into jobs, runs `kernel` on each, merges the partials in job order."""
     if b is None:
-        bounds, jobs = _job_plan(a.shape[0])
+        bounds, jobs = _job_plan(a.shape[0], a.device)
         work = []
         for i, j in jobs:
             ra = slice(bounds[i], bounds[i + 1])
@@ -215,7 +218,7 @@ def _run_jobs(kernel, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
             else:
                 work.append((a[ra], inv_a[ra], a[rb], inv_a[rb]))
     else:
-        bounds, _ = _job_plan(a.shape[0])
+        bounds, _ = _job_plan(a.shape[0], a.device)
         work = [(a[s:e], inv_a[s:e], b, inv_b) for s, e in zip(bounds[:-1], bounds[1:])]
 
     def pairs(job):

@@ -131,14 +131,18 @@ def test_job_plan_spans_many_groups():
     # More rows than one job group: the upper triangle is cut into diagonal and off-diagonal jobs.
     from repcap_fast import cosine_stats as cs
 
-    old = cs._JOB_ROWS
-    cs._JOB_ROWS = 100
+    old = dict(cs._JOB_ROWS)
+    cs._JOB_ROWS["cpu"] = 100
     try:
         a = random_matrix(1025, 24, torch.float32)
-        stats = rf.pairwise_cosine_stats(a, backend="cpu")
+        assert len(cs._job_plan(1025, a.device)[1]) == 11 * 12 // 2
+        for backend in cpu_backends():
+            stats = rf.pairwise_cosine_stats(a, backend=backend)
+            assert_matches(stats, cosines64(a), dtype=torch.float32 if backend != "torch" else torch.float64)
+        b = random_matrix(37, 24, torch.float32, seed=9)
+        assert_matches(rf.pairwise_cosine_stats(a, b, backend="cpu"), cosines64(a, b), dtype=torch.float32)
     finally:
-        cs._JOB_ROWS = old
-    assert_matches(stats, cosines64(a), dtype=torch.float32)
+        cs._JOB_ROWS.update(old)
 
 
 def test_mixed_dtypes_meet_in_float32():

@@ -152,12 +152,14 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, mat
     n_tiles = row_tiles * (row_tiles + 1) // 2 if self_pairs else row_tiles * col_tiles
     programs = _num_programs(n_tiles, a.device, interpreting)
     dev = a.device
-    sums = torch.empty(programs, dtype=torch.float64, device=dev)
-    sums_sq = torch.empty(programs, dtype=torch.float64, device=dev)
-    mins = torch.empty(programs, dtype=torch.float32, device=dev)
-    maxs = torch.empty(programs, dtype=torch.float32, device=dev)
-    outside = torch.empty((programs, 2), dtype=torch.int64, device=dev)
-    hist = torch.empty((programs, bins), dtype=torch.int64, device=dev)
+    # Poisoned partials: a slot the kernel fails to write shows up as NaN or a huge count.
+    poison = 1 << 60
+    sums = torch.full((programs,), float("nan"), dtype=torch.float64, device=dev)
+    sums_sq = torch.full((programs,), float("nan"), dtype=torch.float64, device=dev)
+    mins = torch.full((programs,), float("nan"), dtype=torch.float32, device=dev)
+    maxs = torch.full((programs,), float("nan"), dtype=torch.float32, device=dev)
+    outside = torch.full((programs, 2), poison, dtype=torch.int64, device=dev)
+    hist = torch.full((programs, bins), poison, dtype=torch.int64, device=dev)
     # The same float32 histogram spec as make_histogram_spec in the C++/CUDA epilogue.
     spec_lo, spec_hi = float(torch.tensor(lo, dtype=torch.float32)), float(torch.tensor(hi, dtype=torch.float32))
     bins_per_unit = float(torch.tensor(bins / (spec_hi - spec_lo), dtype=torch.float32))
@@ -186,4 +188,7 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, mat
     pairs = m * (m - 1) // 2 if self_pairs else m * n
     below, above = outside.sum(0).cpu().tolist()
     counts = torch.tensor([pairs, below, above], dtype=torch.int64)
-    return moments, counts, hist.sum(0).cpu()
+    merged_hist = hist.sum(0).cpu()
+    if not torch.isfinite(moments).all() or int(merged_hist.sum()) + below + above != pairs:
+        raise RuntimeError("pairwise_cosine_stats (triton): internal error, a program did not write its partials")
+    return moments, counts, merged_hist
