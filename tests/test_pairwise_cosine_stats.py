@@ -282,17 +282,18 @@ def test_minilm_cpu_matches_reference(minilm_embeddings):
     assert s.count == ref["count"] == v * (v - 1) // 2 == int(s.hist.sum())
     mean_ref = ref["sum"] / ref["count"]
     std_ref = math.sqrt(ref["sum_sq"] / ref["count"] - mean_ref**2)
-    assert s.mean == pytest.approx(mean_ref, abs=1e-7)
-    assert s.std == pytest.approx(std_ref, abs=1e-7)
-    assert s.epsilon() == pytest.approx(mean_ref + 2 * std_ref, abs=3e-7)
-    assert s.min == pytest.approx(ref["min"], abs=1e-5)
-    assert s.max == pytest.approx(ref["max"], abs=1e-5)
+    # Measured: |Δμ| 7e-12, |Δσ| 5e-11, |Δmin| 1e-8, |Δmax| 1.2e-7, 1.6e-5 of the pairs change bin.
+    assert s.mean == pytest.approx(mean_ref, abs=1e-9)
+    assert s.std == pytest.approx(std_ref, abs=1e-9)
+    assert s.epsilon() == pytest.approx(mean_ref + 2 * std_ref, abs=3e-9)
+    assert s.min == pytest.approx(ref["min"], abs=1e-6)
+    assert s.max == pytest.approx(ref["max"], abs=1e-6)
     moved = int((s.hist - ref["hist"]).abs().sum())
-    assert moved <= 1e-3 * s.count, moved
+    assert moved <= 1e-4 * s.count, moved
     # The exact Gram identity agrees with the stream.
     g = rf.cosine_moments(e)
-    assert g.mean == pytest.approx(s.mean, abs=1e-7)
-    assert g.std == pytest.approx(s.std, abs=1e-7)
+    assert g.mean == pytest.approx(s.mean, abs=1e-9)
+    assert g.std == pytest.approx(s.std, abs=1e-9)
     assert g.mean == pytest.approx(mean_ref, abs=1e-10)
     assert g.std == pytest.approx(std_ref, abs=1e-10)
 
