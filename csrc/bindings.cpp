@@ -51,8 +51,10 @@ void check_inputs(const at::Tensor& a, const at::Tensor& a_inv_norm,
     TORCH_CHECK(b_inv_norm->dim() == 1 && b_inv_norm->size(0) == b->size(0) &&
                     b_inv_norm->scalar_type() == at::kFloat,
                 "pairwise_cosine_stats: b_inv_norm must be float32 of shape (", b->size(0), ",)");
+    TORCH_CHECK(b_inv_norm->device() == a.device(), "pairwise_cosine_stats: b_inv_norm is not on a's device");
   }
-  TORCH_CHECK(bins >= 1 && bins <= (1 << 24), "pairwise_cosine_stats: bins must be in [1, 2^24]");
+  TORCH_CHECK(a_inv_norm.device() == a.device(), "pairwise_cosine_stats: a_inv_norm is not on a's device");
+  TORCH_CHECK(bins >= 1 && bins <= (1 << 16), "pairwise_cosine_stats: bins must be in [1, 65536]");
   TORCH_CHECK(lo < hi, "pairwise_cosine_stats: histogram range needs lo < hi");
 }
 

@@ -8,7 +8,9 @@ import numpy as np
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_NORM_CHUNK_BYTES = 16 << 20  # float64 working copy of a row chunk
+_NORM_CHUNK_BYTES = 16 << 20
+# Kernels keep one int64 histogram per GPU block/program (or CPU thread): this bounds that memory.
+MAX_BINS = 1 << 16  # float64 working copy of a row chunk
 
 
 def as_matrix(x, name: str) -> torch.Tensor:
@@ -88,8 +90,8 @@ def check_pair(a: torch.Tensor, b: torch.Tensor, name_a: str = "A", name_b: str 
 
 
 def check_histogram(bins, value_range) -> Tuple[int, float, float]:
-    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or not 1 <= bins <= (1 << 24):
-        raise ValueError(f"bins must be an int in [1, 2^24], got {bins!r}")
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or not 1 <= bins <= MAX_BINS:
+        raise ValueError(f"bins must be an int in [1, {MAX_BINS}], got {bins!r}")
     try:
         lo, hi = (float(v) for v in value_range)
     except (TypeError, ValueError):

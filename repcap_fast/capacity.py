@@ -13,7 +13,6 @@ overflows, and the plain forms return inf where float64 overflows.
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import comb, gammaln
 
 JL_C_PROVEN = 8.0
 JL_C_FITTED = 3.029
@@ -113,6 +112,8 @@ def describe_class(eps) -> str:
 
 
 def _log_binom(n, r):
+    from scipy.special import gammaln
+
     return gammaln(n + 1.0) - gammaln(r + 1.0) - gammaln(n - r + 1.0)
 
 
@@ -127,6 +128,8 @@ def welch_bound(k, d, order=1):
     t = np.asarray(order, dtype=np.float64)
     if np.any(k < 2) or np.any(d < 1) or np.any(t < 1) or np.any(t != np.floor(t)):
         raise ValueError("welch_bound needs k >= 2, d >= 1 and an integer order >= 1")
+    from scipy.special import comb
+
     with np.errstate(over="ignore"):
         binom = comb(d + t - 1.0, t)  # exact-ish in float64; log form where it overflows
     ratio = np.where(np.isfinite(binom), k / binom, np.exp(np.log(k) - _log_binom(d + t - 1.0, t)))

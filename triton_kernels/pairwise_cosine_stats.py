@@ -2,10 +2,12 @@
 
 Each program walks a fixed, strided set of tiles of the upper triangle (or of the full m x n
 grid) and keeps its own partials: Σc and Σc² in float64 (each c squared and summed in float64),
-min, max, counts below/above the histogram range, and an int64 histogram. The launcher merges
+min, max, counts below/above the histogram range, and its own int64 histogram slice (integer
+atomics). The launcher merges
 the per-program partials on the host in program order, so results are bitwise repeatable.
 """
 
+import contextlib
 import os
 
 import torch
@@ -25,7 +27,7 @@ def _interpreting() -> bool:
 @triton.jit
 def _upper_tile_coords(t, nb):
     # Row-major enumeration of tiles bi <= bj: row bi starts at bi*nb - bi*(bi-1)/2.
-    two_n1 = (2 * nb + 1).to(tl.float64)
+    two_n1 = tl.cast(2 * nb + 1, tl.float64)  # nb may be a constexpr int (== 1) on GPU
     disc = two_n1 * two_n1 - 8.0 * t.to(tl.float64)
     bi = ((two_n1 - tl.sqrt(tl.maximum(disc, 0.0))) * 0.5).to(tl.int64)
     bi = tl.minimum(tl.maximum(bi, 0), nb - 1)
@@ -37,14 +39,16 @@ def _upper_tile_coords(t, nb):
 
 # c_ij = clamp(a_i·b_j · inv‖a_i‖ · inv‖b_j‖, -1, 1) over kept pairs (j > i when SELF_PAIRS);
 # per program: Σc, Σc², min c, max c, #(c < lo), #(c > hi), hist[floor((c - lo)·bins/(hi - lo))].
-@triton.jit
+# Sizes are not specialized (a size of 1 would become a constexpr and recompile the kernel);
+# d and the strides are, for aligned vector loads.
+@triton.jit(do_not_specialize=["m", "n", "n_tiles", "n_col_tiles", "tiles_per_program", "bins"])
 def _pairwise_cosine_stats_kernel(
     a_ptr, b_ptr, a_inv_ptr, b_inv_ptr,
     m, n, d, stride_a, stride_b, n_tiles, n_col_tiles, tiles_per_program,
     lo, hi, bins_per_unit, bins,
     sum_ptr, sum_sq_ptr, min_ptr, max_ptr, outside_ptr, hist_ptr,
     SELF_PAIRS: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BINS_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -54,7 +58,6 @@ def _pairwise_cosine_stats_kernel(
     acc_max = tl.full([1], float("-inf"), dtype=tl.float32)
     acc_below = tl.zeros([1], dtype=tl.int64)
     acc_above = tl.zeros([1], dtype=tl.int64)
-    acc_hist = tl.zeros([BINS_P2], dtype=tl.int64)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -103,8 +106,10 @@ def _pairwise_cosine_stats_kernel(
         inside = keep & (c >= lo) & (c <= hi)
         bin_idx = tl.minimum(((c - lo) * bins_per_unit).to(tl.int32), bins - 1)
         bin_idx = tl.where(inside, bin_idx, 0)
-        acc_hist += tl.histogram(tl.reshape(bin_idx, [BLOCK_M * BLOCK_N]), BINS_P2,
-                                 mask=tl.reshape(inside, [BLOCK_M * BLOCK_N])).to(tl.int64)
+        # Integer atomics into this program's own slice: order-independent, so deterministic.
+        # (tl.histogram keeps bins/32 counters per thread: it spills and compiles for minutes.)
+        tl.atomic_add(hist_ptr + pid.to(tl.int64) * bins + bin_idx,
+                      tl.full([BLOCK_M, BLOCK_N], 1, tl.int64), mask=inside, sem="relaxed")
     one = tl.arange(0, 1)
     tl.store(sum_ptr + pid + one, acc_sum)
     tl.store(sum_sq_ptr + pid + one, acc_sum_sq)
@@ -112,8 +117,6 @@ def _pairwise_cosine_stats_kernel(
     tl.store(max_ptr + pid + one, acc_max)
     tl.store(outside_ptr + 2 * pid + one, acc_below)
     tl.store(outside_ptr + 2 * pid + 1 + one, acc_above)
-    bins_offs = tl.arange(0, BINS_P2)
-    tl.store(hist_ptr + pid.to(tl.int64) * bins + bins_offs, acc_hist, mask=bins_offs < bins)
 
 
 def _config(dtype: torch.dtype, interpreting: bool):
@@ -159,22 +162,24 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, mat
     mins = torch.full((programs,), float("nan"), dtype=torch.float32, device=dev)
     maxs = torch.full((programs,), float("nan"), dtype=torch.float32, device=dev)
     outside = torch.full((programs, 2), poison, dtype=torch.int64, device=dev)
-    hist = torch.full((programs, bins), poison, dtype=torch.int64, device=dev)
+    hist = torch.zeros((programs, bins), dtype=torch.int64, device=dev)  # counted into by atomics
     # The same float32 histogram spec as make_histogram_spec in the C++/CUDA epilogue.
     spec_lo, spec_hi = float(torch.tensor(lo, dtype=torch.float32)), float(torch.tensor(hi, dtype=torch.float32))
     bins_per_unit = float(torch.tensor(bins / (spec_hi - spec_lo), dtype=torch.float32))
     upcast = a.dtype != torch.float32 and interpreting  # tl.dot on bf16 is wrong when interpreting
-    _pairwise_cosine_stats_kernel[(programs,)](
-        a, b, a_inv_norm, b_inv_norm,
-        m, n, d, a.stride(0), b.stride(0), n_tiles, col_tiles, triton.cdiv(n_tiles, programs),
-        spec_lo, spec_hi, bins_per_unit, bins,
-        sums, sums_sq, mins, maxs, outside, hist,
-        SELF_PAIRS=self_pairs, UPCAST=upcast,
-        # input_precision only concerns float32 operands; 16-bit ones keep Triton's default.
-        INPUT_PRECISION=_INPUT_PRECISION[math_mode] if a.dtype == torch.float32 else "tf32",
-        BLOCK_M=block, BLOCK_N=block, BLOCK_K=block_k, BINS_P2=triton.next_power_of_2(bins),
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    guard = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+    with guard:  # launch on the input's GPU
+        _pairwise_cosine_stats_kernel[(programs,)](
+            a, b, a_inv_norm, b_inv_norm,
+            m, n, d, a.stride(0), b.stride(0), n_tiles, col_tiles, triton.cdiv(n_tiles, programs),
+            spec_lo, spec_hi, bins_per_unit, bins,
+            sums, sums_sq, mins, maxs, outside, hist,
+            SELF_PAIRS=self_pairs, UPCAST=upcast,
+            # input_precision only concerns float32 operands; 16-bit ones keep Triton's default.
+            INPUT_PRECISION=_INPUT_PRECISION[math_mode] if a.dtype == torch.float32 else "tf32",
+            BLOCK_M=block, BLOCK_N=block, BLOCK_K=block_k,
+            num_warps=num_warps, num_stages=num_stages,
+        )
     # Fixed-order float64 merge of the per-program partials.
     sums, sums_sq, mins, maxs = sums.cpu(), sums_sq.cpu(), mins.cpu(), maxs.cpu()
     total_sum = 0.0
