@@ -22,9 +22,10 @@ try:
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME
 except ImportError:
     raise SystemExit(
-        "repcap_fast builds against the torch already installed: install it first "
-        "(`pip install torch==2.13.0`, or your CUDA build) and then run "
-        "`pip install --no-build-isolation -e .`"
+        "repcap_fast builds against the torch already installed, so it must be built without "
+        "pip's build isolation (an isolated build cannot see that torch and would pull an "
+        "unpinned one of several GB): install torch first (`pip install torch==2.13.0`, or your "
+        "CUDA build), then `pip install --no-build-isolation .` (or `-e .`)"
     ) from None
 
 HERE = os.path.dirname(os.path.abspath(__file__))

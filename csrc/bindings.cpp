@@ -6,7 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <tuple>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "cpu/pairwise_cosine_stats_cpu.h"
 #include "pairwise_cosine_stats_epilogue.h"
@@ -62,8 +68,10 @@ int64_t pair_count(int64_t m, int64_t n, bool self_pairs) {
   return self_pairs ? m * (m - 1) / 2 : m * n;
 }
 
-// CPU: row block x column block tiles of the upper triangle (or the full grid); each tile's
-// dot products come from one BLAS GEMM into an L2-sized buffer, then the fused epilogue.
+// CPU: row blocks of the upper triangle (or of the full grid) are shared among OpenMP threads in
+// one parallel region; each thread runs a single-threaded BLAS GEMM per 256 x 512 tile into its
+// own L2-sized buffer, then the fused epilogue. Per-row float64 partials are merged in row order
+// afterwards, so the result does not depend on the thread count or the schedule.
 StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_inv_norm,
                                      const c10::optional<at::Tensor>& b,
                                      const c10::optional<at::Tensor>& b_inv_norm, int64_t bins,
@@ -76,39 +84,71 @@ StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_in
   const at::Tensor a_inv = a_inv_norm.contiguous();
   const at::Tensor b_inv = self_pairs ? a_inv : b_inv_norm->contiguous();
   const int64_t m = a32.size(0), n = b32.size(0);
+  const float* a_inv_ptr = a_inv.data_ptr<float>();
+  const float* b_inv_ptr = b_inv.data_ptr<float>();
 
   constexpr int64_t kTileRows = 256;
   constexpr int64_t kTileCols = 512;
   const auto spec = repcap::make_histogram_spec(static_cast<float>(lo), static_cast<float>(hi),
                                                 static_cast<int32_t>(bins));
-  repcap::cpu::PairwiseCosineStatsAccumulator acc(spec, kTileRows);
-  at::Tensor tile = at::empty({kTileRows * kTileCols}, a32.options());
-  for (int64_t row0 = 0; row0 < m; row0 += kTileRows) {
-    const int64_t rows = std::min(kTileRows, m - row0);
-    const at::Tensor a_block = a32.narrow(0, row0, rows);
-    for (int64_t col0 = self_pairs ? row0 : 0; col0 < n; col0 += kTileCols) {
-      const int64_t cols = std::min(kTileCols, n - col0);
-      at::Tensor dots = tile.narrow(0, 0, rows * cols).view({rows, cols});
-      at::mm_out(dots, a_block, b32.narrow(0, col0, cols).t());
-      acc.accumulate_tile(dots.data_ptr<float>(), cols, rows, cols, row0, col0, self_pairs,
-                          a_inv.data_ptr<float>(), b_inv.data_ptr<float>());
+  const int64_t row_blocks = (m + kTileRows - 1) / kTileRows;
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), row_blocks)));
+  std::vector<repcap::CosinePartial> row_partials(static_cast<size_t>(m), repcap::empty_partial());
+  std::vector<repcap::cpu::ThreadCounts> counts(static_cast<size_t>(threads),
+                                                repcap::cpu::ThreadCounts(spec, kTileCols));
+  std::vector<std::string> errors(static_cast<size_t>(threads));
+#pragma omp parallel num_threads(threads)
+  {
+#ifdef _OPENMP
+    const int t = omp_get_thread_num();
+#else
+    const int t = 0;
+#endif
+    try {
+      // Inside the parallel region BLAS runs single-threaded on each thread.
+      at::Tensor tile = at::empty({kTileRows * kTileCols}, a32.options());
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t rb = 0; rb < row_blocks; ++rb) {
+        const int64_t row0 = rb * kTileRows;
+        const int64_t rows = std::min(kTileRows, m - row0);
+        const at::Tensor a_block = a32.narrow(0, row0, rows);
+        for (int64_t col0 = self_pairs ? row0 : 0; col0 < n; col0 += kTileCols) {
+          const int64_t cols = std::min(kTileCols, n - col0);
+          at::Tensor dots = tile.narrow(0, 0, rows * cols).view({rows, cols});
+          at::mm_out(dots, a_block, b32.narrow(0, col0, cols).t());
+          repcap::cpu::reduce_tile(dots.data_ptr<float>(), cols, rows, cols, row0, col0,
+                                   self_pairs, a_inv_ptr, b_inv_ptr, spec, &counts[t],
+                                   row_partials.data() + row0);
+        }
+      }
+    } catch (const std::exception& e) {  // exceptions must not leave an OpenMP region
+      errors[static_cast<size_t>(t)] = e.what();
     }
   }
-  TORCH_CHECK(acc.count() == pair_count(m, n, self_pairs),
-              "pairwise_cosine_stats: internal error, visited ", acc.count(), " pairs");
-  auto [moments, counts, hist] = make_outputs(bins);
-  const repcap::CosinePartial& p = acc.partial();
+  for (const std::string& e : errors) TORCH_CHECK(e.empty(), "pairwise_cosine_stats (cpu): ", e);
+
+  repcap::CosinePartial total = repcap::empty_partial();
+  for (const repcap::CosinePartial& p : row_partials) repcap::merge_partial(&total, p);
+  int64_t pairs = 0;
+  std::vector<int64_t> slots(static_cast<size_t>(bins) + 2, 0);
+  for (const auto& c : counts) {
+    pairs += c.pairs;
+    for (size_t k = 0; k < slots.size(); ++k) slots[k] += c.slots[k];
+  }
+  TORCH_CHECK(pairs == pair_count(m, n, self_pairs),
+              "pairwise_cosine_stats: internal error, visited ", pairs, " pairs");
+  auto [moments, counts_out, hist] = make_outputs(bins);
   double* mom = moments.data_ptr<double>();
-  mom[0] = p.sum;
-  mom[1] = p.sum_sq;
-  mom[2] = p.min;
-  mom[3] = p.max;
-  int64_t* cnt = counts.data_ptr<int64_t>();
-  cnt[0] = acc.count();
-  cnt[1] = acc.below();
-  cnt[2] = acc.above();
-  acc.histogram(hist.data_ptr<int64_t>());
-  return {moments, counts, hist};
+  mom[0] = total.sum;
+  mom[1] = total.sum_sq;
+  mom[2] = total.min;
+  mom[3] = total.max;
+  int64_t* cnt = counts_out.data_ptr<int64_t>();
+  cnt[0] = pairs;
+  cnt[1] = slots[static_cast<size_t>(bins)];
+  cnt[2] = slots[static_cast<size_t>(bins) + 1];
+  std::copy(slots.begin(), slots.begin() + bins, hist.data_ptr<int64_t>());
+  return {moments, counts_out, hist};
 }
 
 #ifdef REPCAP_WITH_CUDA

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import platform
+import warnings
 from typing import Optional
 
 import torch
@@ -94,7 +95,22 @@ def _auto_order(device: torch.device):
     return ("cpu", "torch")  # the Triton interpreter is never picked automatically
 
 
-def resolve_backend(backend: Optional[str], device: torch.device, op: str = "") -> str:
+_warned_missing_compiled = False
+
+
+def _warn_missing_compiled(err: str) -> None:
+    global _warned_missing_compiled
+    if not _warned_missing_compiled:
+        _warned_missing_compiled = True
+        warnings.warn(
+            f"repcap_fast._C could not be imported ({err}); backend='auto' falls back to the slow "
+            f"float64 reference. {_BUILD_HINT}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def resolve_backend(backend: Optional[str], device: torch.device, op: str = "", use_env: bool = True) -> str:
     """The backend that runs `op` for a tensor on `device`.
 
     Raises ValueError for an unknown name and RuntimeError, with how to fix it, for a backend
@@ -104,7 +120,7 @@ def resolve_backend(backend: Optional[str], device: torch.device, op: str = "") 
     if not isinstance(requested, str):
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     source = "backend"
-    if requested == "auto" and os.environ.get(BACKEND_ENV):
+    if use_env and requested == "auto" and os.environ.get(BACKEND_ENV):
         requested, source = os.environ[BACKEND_ENV].strip(), f"{BACKEND_ENV}"
     if requested != "auto" and requested not in BACKENDS:
         raise ValueError(f"{source} must be one of {('auto',) + BACKENDS}, got {requested!r}")
@@ -112,6 +128,9 @@ def resolve_backend(backend: Optional[str], device: torch.device, op: str = "") 
         for name in _auto_order(device):
             if _unavailable_reason(name, device) is None:
                 return name
+        module, err = _compiled()
+        if module is None:
+            _warn_missing_compiled(err)
         return "torch"
     reason = _unavailable_reason(requested, device)
     if reason is not None:
@@ -128,11 +147,12 @@ def info() -> dict:
     build = module.build_info() if module is not None else {}
     triton_mod, _ = _triton()
     gpu = torch.device("cuda") if torch.cuda.is_available() else None
-    # The choice for CUDA tensors follows from the build alone, with or without a device here.
+    # The automatic choice per device (for CUDA tensors it follows from the build alone, with or
+    # without a device here); REPCAP_BACKEND, when set, is reported beside it.
     ops = {
         op: {
-            "cpu": resolve_backend("auto", torch.device("cpu"), op),
-            "cuda": resolve_backend("auto", torch.device("cuda"), op),
+            "cpu": resolve_backend("auto", torch.device("cpu"), op, use_env=False),
+            "cuda": resolve_backend("auto", torch.device("cuda"), op, use_env=False),
         }
         for op in OPS
     }
@@ -144,6 +164,7 @@ def info() -> dict:
         "triton": getattr(triton_mod, "__version__", None),
         "built": built(),
         "compiled_module_error": err,
+        "built_against_torch": build.get("torch_version"),
         "openmp": build.get("openmp"),
         "cuda_arch_list": build.get("cuda_arch_list") or None,
         "cuda_device": torch.cuda.get_device_name(0) if gpu is not None else None,

@@ -21,6 +21,7 @@ def as_matrix(x, name: str) -> torch.Tensor:
         x = torch.from_numpy(np.ascontiguousarray(x))
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+    x = x.detach()  # statistics of the values; nn.Parameter and tensors in a graph are fine
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows x d), got shape {tuple(x.shape)}")
     if x.dtype not in FLOAT_DTYPES:
@@ -43,14 +44,17 @@ def restrict_rows(x: torch.Tensor, n_rows: Optional[int], name: str, arg: str = 
 
 
 def row_norms(x: torch.Tensor, name: str) -> torch.Tensor:
-    """Float64 row norms, in row chunks (no float64 copy of x); raises on NaN/Inf in x."""
+    """Float64 row norms, in row chunks (no float64 copy of all of x); raises on NaN/Inf in x."""
     rows = max(1, _NORM_CHUNK_BYTES // (8 * x.shape[1]))
     norms = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     bad = torch.zeros((), dtype=torch.int64, device=x.device)
     for r0 in range(0, x.shape[0], rows):
         chunk = x[r0 : r0 + rows].to(torch.float64)
         bad += (~torch.isfinite(chunk)).sum()
-        norms[r0 : r0 + rows] = torch.linalg.vector_norm(chunk, dim=1)
+        # ‖x‖ = s·‖x/s‖ with s = max|x|: no overflow or underflow even for extreme float64 rows.
+        scale = chunk.abs().amax(dim=1, keepdim=True)
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        norms[r0 : r0 + rows] = torch.linalg.vector_norm(chunk / safe, dim=1) * scale[:, 0]
     n_bad = int(bad)
     if n_bad:
         first = int(torch.nonzero(~torch.isfinite(x).all(dim=1))[0])

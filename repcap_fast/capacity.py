@@ -152,14 +152,22 @@ def coherence_floor(k, d, max_order=4):
 
 
 def capacity_table(d: int, eps: float, vocab: int | None = None) -> dict:
-    """All capacity formulas for one (d, ε), with the Welch/orthoplex floor beside each."""
+    """All capacity formulas for one (d, ε), with the Welch/orthoplex floor beside each.
+
+    ε < 0 (possible for A×B statistics or tiny V) has no capacity: the formulas are reported as
+    None."""
     rows = {}
-    for name, log_k in (
-        ("jl_C8", log_jl_capacity(d, eps, JL_C_PROVEN)),
-        ("jl_C3.029", log_jl_capacity(d, eps, JL_C_FITTED)),
-        ("adjusted_C1.293", log_adjusted_capacity(d, eps)),
-        ("full", log_full_capacity(d, eps)),
-    ):
+    forms = {
+        "jl_C8": lambda: log_jl_capacity(d, eps, JL_C_PROVEN),
+        "jl_C3.029": lambda: log_jl_capacity(d, eps, JL_C_FITTED),
+        "adjusted_C1.293": lambda: log_adjusted_capacity(d, eps),
+        "full": lambda: log_full_capacity(d, eps),
+    }
+    for name, form in forms.items():
+        if eps < 0:
+            rows[name] = None
+            continue
+        log_k = form()
         k = float(np.exp(log_k)) if log_k < 700 else float("inf")
         rows[name] = {
             "capacity": k,

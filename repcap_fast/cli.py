@@ -28,7 +28,7 @@ def _fmt_k(k: float) -> str:
     return "inf" if not np.isfinite(k) else f"{k:.4g}"
 
 
-def plot_histogram(stats, path: str, title: str) -> None:
+def plot_histogram(stats, path: str, title: str, k_sigma: float = 2.0) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -41,7 +41,7 @@ def plot_histogram(stats, path: str, title: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.fill_between(centers, density, step="mid", alpha=0.35, color="tab:blue")
     ax.plot(centers, density, drawstyle="steps-mid", lw=0.8, color="tab:blue", label="pairwise cosines")
-    marks = [(stats.mean, "μ", "black", "-"), (stats.epsilon(), "ε = μ+2σ", "tab:red", "-")]
+    marks = [(stats.mean, "μ", "black", "-"), (stats.epsilon(k_sigma), f"ε = μ+{k_sigma:g}σ", "tab:red", "-")]
     for q, style in ((0.5, ":"), (0.99, "--"), (0.999, "-.")):
         try:
             marks.append((stats.quantile(q), f"q{q:g}", "tab:green", style))
@@ -69,6 +69,8 @@ def _cmd_epsilon(args) -> int:
     if args.dtype:
         a = a.to(_DTYPES[args.dtype])
     if args.device:
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(f"--device {args.device}: this torch has no CUDA device ({torch.__version__})")
         a = a.to(args.device)
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -96,6 +98,9 @@ def _cmd_epsilon(args) -> int:
     print("capacity    formula            k (max features)   Welch/orthoplex floor on max|c| for k")
     labels = {"jl_C8": "JL, C=8", "jl_C3.029": "JL, C=3.029", "adjusted_C1.293": "adjusted, C=1.293", "full": "full form"}
     for key, row in table["formulas"].items():
+        if row is None:
+            print(f"            {labels[key]:<18} {'n/a (ε < 0)':>16}")
+            continue
         print(f"            {labels[key]:<18} {_fmt_k(row['capacity']):>16}   {row['welch_floor']:.6f}")
     if capacity.model_class(eps) == 1:
         print("            (class 1: these capacities are indeterminate)")
@@ -123,7 +128,7 @@ def _cmd_epsilon(args) -> int:
             json.dump(doc, fh, indent=1)
         print(f"wrote       {args.json}")
     if args.plot:
-        plot_histogram(stats, args.plot, f"{os.path.basename(str(mat.source))}: {v}×{d}, ε = {eps:.4f}")
+        plot_histogram(stats, args.plot, f"{os.path.basename(str(mat.source))}: {v}×{d}, ε = {eps:.4f}", args.k_sigma)
         print(f"wrote       {args.plot}")
     return 0
 

@@ -30,7 +30,7 @@ _JOB_ROWS = {"cpu": 8192, "cuda": 65536}
 _MAX_GROUPS = 16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CosineStats:
     """Statistics of the pairwise cosines c_ij = x̂_i·x̂_j.
 
@@ -95,14 +95,15 @@ class CosineStats:
         return float(out[0]) if np.ndim(q) == 0 else out
 
     def tail_count(self, t: float) -> int:
-        """Number of pairs with c ≥ t', t' the first bin edge ≥ t (exact when t is an edge).
-
-        Pairs above ``range`` are included; t must lie within ``range``.
+        """Number of pairs in the bin that holds t and every bin above it, plus ``above``: the
+        pairs with c ≥ t', t' the left edge of t's bin. Exact for c ≥ t when t is a bin edge below
+        ``hi``, otherwise an upper bound within one bin; ``tail_count(hi)`` is the last bin (which
+        holds c == hi, e.g. duplicate rows) plus ``above``. t must lie within ``range``.
         """
         edges = self.edges.numpy()
         if not edges[0] <= float(t) <= edges[-1]:
             raise ValueError(f"t must lie in the histogram range {tuple(edges[[0, -1]])}, got {t}")
-        first = int(np.searchsorted(edges, float(t), side="left"))
+        first = min(int(np.searchsorted(edges, float(t), side="right")) - 1, len(edges) - 2)
         return int(self.hist[first:].sum()) + int(self.above)
 
     def to_dict(self, include_hist: bool = True) -> dict:
@@ -161,14 +162,25 @@ def _mean_std(count: int, total: float, total_sq: float) -> Tuple[float, float]:
     return mean, math.sqrt(var)
 
 
+def _split_n_rows(n_rows, has_b):
+    """n_rows -> (rows of A, rows of B): an int applies to both (a padded vocabulary on both
+    sides), a pair (n_a, n_b) to each; None keeps all rows."""
+    if isinstance(n_rows, (tuple, list)):
+        if len(n_rows) != 2 or not has_b:
+            raise ValueError(f"n_rows as a pair (n_a, n_b) needs B and two entries, got {n_rows!r}")
+        return n_rows[0], n_rows[1]
+    return n_rows, (n_rows if has_b else None)
+
+
 def _prepare(a, b, zero_rows, n_rows):
     """Validated operands with their float64 row norms and dropped-row counts."""
-    a = val.restrict_rows(val.as_matrix(a, "A"), n_rows, "A")
+    n_rows_a, n_rows_b = _split_n_rows(n_rows, b is not None)
+    a = val.restrict_rows(val.as_matrix(a, "A"), n_rows_a, "A")
     norms_a = val.row_norms(a, "A")
     a, norms_a, dropped_a = val.drop_zero_rows(a, norms_a, zero_rows, "A")
     norms_b, dropped_b = None, 0
     if b is not None:
-        b = val.as_matrix(b, "B")
+        b = val.restrict_rows(val.as_matrix(b, "B"), n_rows_b, "B")
         val.check_pair(a, b)
         norms_b = val.row_norms(b, "B")
         b, norms_b, dropped_b = val.drop_zero_rows(b, norms_b, zero_rows, "B")
@@ -184,15 +196,15 @@ def _prepare(a, b, zero_rows, n_rows):
     return a, norms_a, dropped_a, b, norms_b, dropped_b
 
 
-def _kernel_operand(x: torch.Tensor, norms: torch.Tensor):
-    """(operand in a kernel dtype, float32 inverse norms). Kernels form dot products of the raw
-    rows and scale them in the epilogue; rows with extreme norms are pre-normalized so that
-    float32 dot products cannot overflow or underflow."""
-    if x.dtype == torch.float64:
-        x = x.to(torch.float32)
+def _kernel_operand(x: torch.Tensor, norms: torch.Tensor, name: str):
+    """(operand in a kernel dtype, float32 inverse of the float64 norms). Kernels form dot
+    products of the raw rows and scale them in the epilogue; rows with extreme norms (or float64
+    values beyond float32) are pre-normalized in float64 first, so float32 cannot overflow."""
     if float(norms.max()) > 1e15 or float(norms.min()) < 1e-15:
         x = (x.to(torch.float64) / norms[:, None]).to(torch.float32)
-        norms = val.row_norms(x, "A")
+        norms = val.row_norms(x, name)
+    elif x.dtype == torch.float64:
+        x = x.to(torch.float32)
     return x.contiguous(), (1.0 / norms).to(torch.float32)
 
 
@@ -305,7 +317,8 @@ def pairwise_cosine_stats(
         B: optional (n, d) matrix on A's device; then all V·n pairs are used.
         bins, range: the fixed-bin histogram (default 4096 bins over [-1, 1]).
         zero_rows: "error" (default) refuses zero-norm rows; "drop" drops and counts them.
-        n_rows: use only the first n_rows rows of A (padded vocabularies).
+        n_rows: use only the first n_rows rows (padded vocabularies): of A, and of B too when B
+            is given; a pair (n_a, n_b) sets them apart (None keeps all rows).
         backend: "auto", "cuda", "triton", "cpu" or "torch" (float64 reference).
         precision: for float32 inputs on GPU, "highest" (float32 FMA dot products) or "tf32"
             (tensor cores). bf16/fp16 inputs always use exact products with float32
@@ -324,10 +337,10 @@ def pairwise_cosine_stats(
     if name == "torch":
         raw = _pairwise_cosine_stats_torch(a, b, bins, lo, hi, progress)
     else:
-        if b is not None and b.dtype != a.dtype:  # mixed dtypes meet in float32, never lower
-            a, b = a.to(torch.float32), b.to(torch.float32)
-        ka, inv_a = _kernel_operand(a, norms_a)
-        kb, inv_b = (None, None) if b is None else _kernel_operand(b, norms_b)
+        ka, inv_a = _kernel_operand(a, norms_a, "A")
+        kb, inv_b = (None, None) if b is None else _kernel_operand(b, norms_b, "B")
+        if kb is not None and kb.dtype != ka.dtype:  # mixed dtypes meet in float32, never lower
+            ka, kb = ka.to(torch.float32), kb.to(torch.float32)
         launcher = {
             "cpu": _pairwise_cosine_stats_cpu,
             "cuda": _pairwise_cosine_stats_cuda,
@@ -352,8 +365,10 @@ def pairwise_cosine_stats(
         shape_b=tuple(b.shape) if b is not None else None,
         dropped_rows_a=dropped_a,
         dropped_rows_b=dropped_b,
-        settings={"bins": bins, "range": [lo, hi], "zero_rows": zero_rows, "n_rows": n_rows,
-                  "precision": precision, "dtype": str(a.dtype).replace("torch.", "")},
+        settings={"bins": bins, "range": [lo, hi], "zero_rows": zero_rows,
+                  "n_rows": list(n_rows) if isinstance(n_rows, (tuple, list)) else n_rows,
+                  "precision": precision, "dtype": str(a.dtype).replace("torch.", ""),
+                  "compute": "float64" if name == "torch" else "float32 dot products, float64 sums"},
     )
 
 

@@ -22,6 +22,13 @@ def histogram_bins(c: torch.Tensor, bins: int, lo: float, hi: float):
     return torch.bincount(idx, minlength=bins).cpu(), below, above
 
 
+def _unit_rows(m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x̂ = x/‖x‖ in `dtype`; rows are first scaled by their max |x| so the norm cannot overflow."""
+    m = m.to(torch.float64)
+    m = m / m.abs().amax(dim=1, keepdim=True)
+    return torch.nn.functional.normalize(m, dim=1, eps=0.0).to(dtype)
+
+
 def pairwise_cosine_stats_reference(
     a: torch.Tensor,
     b: Optional[torch.Tensor] = None,
@@ -37,8 +44,8 @@ def pairwise_cosine_stats_reference(
     Full rows per chunk: C = X̂[r0:r1] X̂ᵀ, keep j > i (or all pairs with b), then separate passes
     for Σc, Σc², min, max and the histogram. Returns a dict of plain numbers and the histogram.
     """
-    x = torch.nn.functional.normalize(a.to(dtype), dim=1, eps=0.0)
-    y = x if b is None else torch.nn.functional.normalize(b.to(dtype), dim=1, eps=0.0)
+    x = _unit_rows(a, dtype)
+    y = x if b is None else _unit_rows(b, dtype)
     m, n = x.shape[0], y.shape[0]
     chunk = max(1, _CHUNK_BYTES // (n * x.element_size() * 3))
     total = torch.zeros((), dtype=torch.float64)
@@ -95,7 +102,7 @@ def cosine_moments_reference(a: torch.Tensor, b: Optional[torch.Tensor] = None):
         total = torch.zeros(d, dtype=torch.float64, device=m.device)
         sq_norms = torch.zeros((), dtype=torch.float64, device=m.device)
         for r0 in range(0, m.shape[0], rows):
-            xc = torch.nn.functional.normalize(m[r0 : r0 + rows].to(torch.float64), dim=1, eps=0.0)
+            xc = _unit_rows(m[r0 : r0 + rows], torch.float64)
             gram += xc.T @ xc
             total += xc.sum(0)
             sq_norms += (xc * xc).sum()
@@ -105,11 +112,11 @@ def cosine_moments_reference(a: torch.Tensor, b: Optional[torch.Tensor] = None):
     if b is None:
         v = a.shape[0]
         s = (float(sum_a @ sum_a) - diag_a) / 2.0
-        s2 = (float((gram_a * gram_a).sum()) - diag_a) / 2.0
+        s2 = (float(torch.vdot(gram_a.reshape(-1), gram_a.reshape(-1))) - diag_a) / 2.0
         return {"count": v * (v - 1) // 2, "sum": s, "sum_sq": s2}
     gram_b, sum_b, _ = gram_and_sum(b)
     return {
         "count": a.shape[0] * b.shape[0],
         "sum": float(sum_a @ sum_b),
-        "sum_sq": float((gram_a * gram_b).sum()),
+        "sum_sq": float(torch.vdot(gram_a.reshape(-1), gram_b.reshape(-1))),
     }

@@ -25,6 +25,25 @@ def test_auto_picks_cpp_on_cpu_and_never_the_interpreter():
     assert rf.pairwise_cosine_stats(torch.randn(5, 3)).backend == "cpu"
 
 
+@pytest.mark.parametrize("forced", ["cpu", "cuda", "triton", "torch"])
+def test_info_works_whatever_the_env_var(monkeypatch, forced):
+    monkeypatch.setenv("REPCAP_BACKEND", forced)
+    info = rf.info()
+    assert info["backend_env"] == forced
+    assert info["ops"]["pairwise_cosine_stats"]["cpu"] == "cpu"
+
+
+def test_cli_json_with_forced_backend(monkeypatch, tmp_path):
+    from repcap_fast.cli import main
+    import numpy as np
+
+    monkeypatch.setenv("REPCAP_BACKEND", "cpu")
+    src = tmp_path / "x.npy"
+    np.save(src, np.random.default_rng(1).standard_normal((50, 6)).astype(np.float32))
+    assert main(["epsilon", str(src), "--json", str(tmp_path / "o.json")]) == 0
+    assert json.loads((tmp_path / "o.json").read_text())["provenance"]["backend"] == "cpu"
+
+
 def test_env_var_forces_a_backend(monkeypatch):
     monkeypatch.setenv("REPCAP_BACKEND", "torch")
     assert rf.pairwise_cosine_stats(torch.randn(5, 3)).backend == "torch"
