@@ -20,8 +20,9 @@ from ._backends import resolve_backend
 from .reference import cosine_moments_reference, pairwise_cosine_stats_reference
 
 PRECISIONS = {"highest": 0, "tf32": 1}
-# Above this many pairs a progress bar is shown when progress=None.
-_PROGRESS_PAIRS = 200_000_000
+# Above this much work (pairs × d multiply-adds, about a second on a 2-core CPU) a progress bar
+# is shown when progress=None.
+_PROGRESS_WORK = 80_000_000_000
 # The upper triangle is cut into row groups; each job (a diagonal block or a rectangle of
 # two groups) is one kernel call, merged in job order: progress between calls, and a fixed
 # decomposition (so results do not depend on anything but V and the device type). GPU jobs are
@@ -238,7 +239,7 @@ def _run_jobs(kernel, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
         return m * (m - 1) // 2 if job[2] is None else m * job[2].shape[0]
 
     total_pairs = sum(pairs(job) for job in work)
-    bar = _progress_bar(progress, total_pairs, "cosine pairs")
+    bar = _progress_bar(progress, total_pairs, total_pairs * a.shape[1], "cosine pairs")
     total = total_sq = 0.0
     cmin, cmax = math.inf, -math.inf
     count = below = above = 0
@@ -264,8 +265,8 @@ def _run_jobs(kernel, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
     return dict(count=count, sum=total, sum_sq=total_sq, min=cmin, max=cmax, below=below, above=above, hist=hist)
 
 
-def _progress_bar(progress, total, unit):
-    show = progress if progress is not None else total >= _PROGRESS_PAIRS
+def _progress_bar(progress, total, work, unit):
+    show = progress if progress is not None else work >= _PROGRESS_WORK
     if not show:
         return None
     from tqdm.auto import tqdm
@@ -290,7 +291,7 @@ def _pairwise_cosine_stats_triton(a, inv_a, b, inv_b, bins, lo, hi, math_mode, p
 
 def _pairwise_cosine_stats_torch(a, b, bins, lo, hi, progress):
     bar = None
-    if progress or (progress is None and a.shape[0] * (b if b is not None else a).shape[0] // 2 >= _PROGRESS_PAIRS):
+    if progress or (progress is None and a.shape[0] * (b if b is not None else a).shape[0] // 2 * a.shape[1] >= _PROGRESS_WORK):
         from tqdm.auto import tqdm
 
         bar = lambda it: tqdm(it, desc="cosine rows (reference)", leave=False)  # noqa: E731
@@ -323,7 +324,7 @@ def pairwise_cosine_stats(
         precision: for float32 inputs on GPU, "highest" (float32 FMA dot products) or "tf32"
             (tensor cores). bf16/fp16 inputs always use exact products with float32
             accumulation. The C++ CPU kernel always works in float32.
-        progress: show a progress bar (default: on for runs of 2e8 pairs or more).
+        progress: show a progress bar (default: on when pairs × d ≥ 8e10, about a second of CPU).
 
     Dot products are accumulated in float32 (float64 on the torch backend) and scaled by the
     inverse float64 row norms; per-row/tile sums are merged in float64 in a fixed order, so a
