@@ -31,11 +31,21 @@ using StatsTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 // Output layout shared by every backend:
 //   moments float64[4] = (Σc, Σc², min, max); counts int64[3] = (pairs, below, above);
-//   hist int64[bins].
-StatsTuple make_outputs(int64_t bins) {
-  auto f64 = at::TensorOptions().dtype(at::kDouble);
-  auto i64 = at::TensorOptions().dtype(at::kLong);
-  return {at::empty({4}, f64), at::empty({3}, i64), at::empty({bins}, i64)};
+//   hist int64[bins] (left for the caller to fill).
+StatsTuple make_outputs(const repcap::CosinePartial& total, int64_t pairs, int64_t below,
+                        int64_t above, int64_t bins) {
+  at::Tensor moments = at::empty({4}, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor counts = at::empty({3}, at::TensorOptions().dtype(at::kLong));
+  double* mom = moments.data_ptr<double>();
+  mom[0] = total.sum;
+  mom[1] = total.sum_sq;
+  mom[2] = total.min;
+  mom[3] = total.max;
+  int64_t* cnt = counts.data_ptr<int64_t>();
+  cnt[0] = pairs;
+  cnt[1] = below;
+  cnt[2] = above;
+  return {moments, counts, at::empty({bins}, at::TensorOptions().dtype(at::kLong))};
 }
 
 void check_inputs(const at::Tensor& a, const at::Tensor& a_inv_norm,
@@ -137,18 +147,10 @@ StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_in
   }
   TORCH_CHECK(pairs == pair_count(m, n, self_pairs),
               "pairwise_cosine_stats: internal error, visited ", pairs, " pairs");
-  auto [moments, counts_out, hist] = make_outputs(bins);
-  double* mom = moments.data_ptr<double>();
-  mom[0] = total.sum;
-  mom[1] = total.sum_sq;
-  mom[2] = total.min;
-  mom[3] = total.max;
-  int64_t* cnt = counts_out.data_ptr<int64_t>();
-  cnt[0] = pairs;
-  cnt[1] = slots[static_cast<size_t>(bins)];
-  cnt[2] = slots[static_cast<size_t>(bins) + 1];
-  std::copy(slots.begin(), slots.begin() + bins, hist.data_ptr<int64_t>());
-  return {moments, counts_out, hist};
+  auto outputs = make_outputs(total, pairs, slots[static_cast<size_t>(bins)],
+                              slots[static_cast<size_t>(bins) + 1], bins);
+  std::copy(slots.begin(), slots.begin() + bins, std::get<2>(outputs).data_ptr<int64_t>());
+  return outputs;
 }
 
 #ifdef REPCAP_WITH_CUDA
@@ -241,21 +243,15 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
                 " did not write its partials");
     repcap::merge_partial(&total, p);
   }
-  auto [moments, counts, hist] = make_outputs(bins);
-  double* mom = moments.data_ptr<double>();
-  mom[0] = total.sum;
-  mom[1] = total.sum_sq;
-  mom[2] = total.min;
-  mom[3] = total.max;
   const at::Tensor outside = block_outside.sum(0).cpu();  // integer: order-independent
-  int64_t* cnt = counts.data_ptr<int64_t>();
-  cnt[0] = pair_count(args.m, args.n, self_pairs);
-  cnt[1] = outside.data_ptr<int64_t>()[0];
-  cnt[2] = outside.data_ptr<int64_t>()[1];
+  const int64_t pairs = pair_count(args.m, args.n, self_pairs);
+  const int64_t below = outside.data_ptr<int64_t>()[0], above = outside.data_ptr<int64_t>()[1];
+  auto outputs = make_outputs(total, pairs, below, above, bins);
+  at::Tensor& hist = std::get<2>(outputs);
   hist.copy_(block_hist.sum(0));
-  TORCH_CHECK(hist.sum().item<int64_t>() + cnt[1] + cnt[2] == cnt[0],
+  TORCH_CHECK(hist.sum().item<int64_t>() + below + above == pairs,
               "pairwise_cosine_stats (cuda): internal error, the histogram does not count every pair");
-  return {moments, counts, hist};
+  return outputs;
 }
 #endif
 
