@@ -333,7 +333,8 @@ def pairwise_cosine_stats(
     bins, lo, hi = val.check_histogram(bins, range)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
-    name = resolve_backend(backend, val.as_matrix(A, "A").device, "pairwise_cosine_stats")
+    A = val.as_matrix(A, "A")  # once: a non-contiguous numpy array is copied here
+    name = resolve_backend(backend, A.device, "pairwise_cosine_stats")
     a, norms_a, dropped_a, b, norms_b, dropped_b = _prepare(A, B, zero_rows, n_rows)
     if name == "torch":
         raw = _pairwise_cosine_stats_torch(a, b, bins, lo, hi, progress)
