@@ -56,7 +56,7 @@ def _extension():
     debug = os.environ.get("REPCAP_DEBUG", "0") == "1"
     opt = ["-O0", "-g"] if debug else ["-O3"]
     cxx = ["-fopenmp", *opt]  # torch adds -std=c++20
-    sources = ["csrc/bindings.cpp", *sorted(glob.glob("csrc/cpu/*.cpp"))]
+    sources = [*sorted(glob.glob("csrc/*.cpp")), *sorted(glob.glob("csrc/cpu/*.cpp"))]
     build_cuda, why = _want_cuda()
     print(f"repcap_fast: CUDA kernels {'built' if build_cuda else 'not built'} ({why})")
     if not build_cuda:

@@ -15,6 +15,7 @@
 #endif
 
 #include "cpu/pairwise_cosine_stats_cpu.h"
+#include "gram_offdiag_penalty_epilogue.h"
 #include "pairwise_cosine_stats_epilogue.h"
 
 #ifdef REPCAP_WITH_CUDA
@@ -311,4 +312,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return repcap::histogram_bin(c, repcap::make_histogram_spec(lo, hi, bins));
   });
   m.def("_cosine_from_dot", &repcap::cosine_from_dot);
+  // (term, weight) = (r^p, sign(g)·r^(p-1)), r = min(|g|·inv_max, 1), in float32 and float64.
+  m.def("_penalty_term_f32", [](float g, float inv_max, int32_t p) {
+    const auto t = repcap::penalty_term(g, inv_max, p);
+    return std::make_tuple(t.term, t.weight);
+  });
+  m.def("_penalty_term_f64", [](double g, double inv_max, int32_t p) {
+    const auto t = repcap::penalty_term(g, inv_max, p);
+    return std::make_tuple(t.term, t.weight);
+  });
+  m.def("_penalty_rescale_f64", [](double m_old, double m_new, int32_t p) {
+    const auto r = repcap::penalty_rescale(m_old, m_new, p);
+    return std::make_tuple(r.inv_max, r.alpha, r.beta);
+  });
 }

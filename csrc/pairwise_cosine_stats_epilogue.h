@@ -4,11 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define REPCAP_HD __host__ __device__ __forceinline__
-#else
-#define REPCAP_HD inline
-#endif
+#include "host_device.h"
 
 namespace repcap {
 

@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 from . import _ops  # noqa: F401,E402  registers torch.ops.repcap_fast.* when _C is built
 from . import capacity  # noqa: E402
 from ._backends import info  # noqa: E402
+from .penalty import gram_offdiag_max, gram_offdiag_penalty, gram_offdiag_rows  # noqa: E402
 from .cosine_stats import (  # noqa: E402
     CosineMoments,
     CosineStats,
@@ -23,6 +24,9 @@ __all__ = [
     "capacity",
     "cosine_moments",
     "epsilon",
+    "gram_offdiag_max",
+    "gram_offdiag_penalty",
+    "gram_offdiag_rows",
     "info",
     "pairwise_cosine_stats",
 ]

@@ -17,7 +17,7 @@ import torch
 
 BACKENDS = ("cuda", "triton", "cpu", "torch")
 BACKEND_ENV = "REPCAP_BACKEND"
-OPS = ("pairwise_cosine_stats",)
+OPS = ("pairwise_cosine_stats", "gram_offdiag_penalty")
 
 _BUILD_HINT = (
     "Build it with `pip install --no-build-isolation -e .` from the repcap_fast checkout "

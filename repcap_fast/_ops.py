@@ -17,3 +17,12 @@ if _C is not None:
             torch.empty(3, dtype=torch.int64, device="cpu"),
             torch.empty(bins, dtype=torch.int64, device="cpu"),
         )
+
+    @torch.library.register_fake("repcap_fast::gram_offdiag_penalty")
+    def _gram_offdiag_penalty_fake(x, p, with_grad):
+        k, d = x.shape
+        return (
+            x.new_empty(k),
+            x.new_empty(k, dtype=torch.float64),
+            x.new_empty((k, d)) if with_grad else x.new_empty(0),
+        )

@@ -120,3 +120,34 @@ def cosine_moments_reference(a: torch.Tensor, b: Optional[torch.Tensor] = None):
         "sum": float(sum_a @ sum_b),
         "sum_sq": float(torch.vdot(gram_a.reshape(-1), gram_b.reshape(-1))),
     }
+
+
+def gram_offdiag_penalty_reference(
+    X: torch.Tensor, p: int = 8, normalize: bool = True, reduction: str = "sum",
+    dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """L = Σ_{i≠j} |ĝ_ij|^p from the materialized k×k Gram matrix, differentiable by autograd.
+
+    The plain baseline (the paper's formulation) and the oracle of the tests: in `dtype`
+    (default X's dtype), with ĝ from the row-normalized X when `normalize`. Memory O(k²).
+    """
+    x = X if dtype is None else X.to(dtype)
+    k = x.shape[0]
+    if normalize:
+        x = x / torch.linalg.vector_norm(x, dim=1, keepdim=True)
+    g = x @ x.T
+    off_diagonal = ~torch.eye(k, dtype=torch.bool, device=x.device)
+    loss = torch.where(off_diagonal, g.abs().pow(p), torch.zeros((), dtype=g.dtype, device=g.device)).sum()
+    if reduction == "mean":
+        loss = loss / (k * (k - 1))
+    return loss
+
+
+def gram_offdiag_max_reference(X: torch.Tensor, normalize: bool = True) -> float:
+    """max_{i≠j} |ĝ_ij| in float64 from the materialized Gram matrix."""
+    x = X.to(torch.float64)
+    if normalize:
+        x = x / torch.linalg.vector_norm(x, dim=1, keepdim=True)
+    g = (x @ x.T).abs()
+    g.fill_diagonal_(0.0)
+    return float(g.max())

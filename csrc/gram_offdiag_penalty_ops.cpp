@@ -1,0 +1,201 @@
+// Torch bindings of gram_offdiag_penalty: dispatcher registration and the CPU and CUDA launchers.
+// A torch translation unit of its own (compiled in parallel with bindings.cpp); the kernels are
+// plain C++ (csrc/cpu) and CUDA (csrc/cuda).
+//
+// Op contract, for x (k x d, float32 or float64) and g = x xᵀ, never materialized:
+//   row_max[i] = m_i = max_{j≠i} |g_ij|                              (x.dtype, [k])
+//   row_sum[i] = s_i = Σ_{j≠i} (|g_ij|/m_i)^p                         (float64, [k])
+//   grad_dir[i] = Σ_{j≠i} sign(g_ij)(|g_ij|/m_i)^(p-1) x_j            (x.dtype, [k, d]; [0] when
+//                                                                      with_grad is false)
+// (rows with m_i = 0 give 0). The caller forms L = Σ_i m_i^p s_i and ∂L/∂x_i = 2p m_i^(p-1)
+// grad_dir_i in float64. Both launchers stream the Gram matrix in tiles with a running row
+// maximum (online rescaling): rows are independent, each visited in fixed column order.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <exception>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "cpu/gram_offdiag_penalty_cpu.h"
+
+#ifdef REPCAP_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/gram_offdiag_penalty_cuda.h"
+#endif
+
+namespace {
+
+using PenaltyTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+void check_penalty_inputs(const at::Tensor& x, int64_t p) {
+  TORCH_CHECK(x.dim() == 2, "gram_offdiag_penalty: x must be 2-D (k x d), got ", x.dim(), "-D");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(1) >= 1, "gram_offdiag_penalty: x must be non-empty");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+              "gram_offdiag_penalty: x must be float32 or float64 (the public function converts "
+              "16-bit inputs), got ", x.scalar_type());
+  TORCH_CHECK(p >= 1 && p <= (int64_t{1} << 30), "gram_offdiag_penalty: p must be in [1, 2^30], got ", p);
+}
+
+PenaltyTuple make_penalty_outputs(const at::Tensor& x, bool with_grad) {
+  const int64_t k = x.size(0), d = x.size(1);
+  return {at::zeros({k}, x.options()), at::zeros({k}, x.options().dtype(at::kDouble)),
+          with_grad ? at::zeros({k, d}, x.options()) : at::empty({0}, x.options())};
+}
+
+// CPU: blocks of 256 rows are shared among OpenMP threads in one parallel region. Per block, for
+// each 512-column tile: G = X_I X_Jᵀ (single-threaded BLAS), the row epilogue (running maximum,
+// s_i, weights W in place of G), then acc_I ← diag(beta)·acc_I + W X_J (BLAS), acc_I being the
+// block's rows of grad_dir. Extra memory: one 256 x 512 tile per thread.
+template <typename T>
+void gram_offdiag_penalty_cpu_impl(const at::Tensor& x, int32_t p, bool with_grad,
+                                   PenaltyTuple& out) {
+  constexpr int64_t kTileRows = 256;
+  constexpr int64_t kTileCols = 512;
+  const int64_t k = x.size(0);
+  T* row_max = std::get<0>(out).data_ptr<T>();
+  double* row_sum = std::get<1>(out).data_ptr<double>();
+  at::Tensor& grad_dir = std::get<2>(out);
+  const int64_t row_blocks = (k + kTileRows - 1) / kTileRows;
+  const int threads = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), row_blocks)));
+  std::vector<std::string> errors(static_cast<size_t>(threads));
+#pragma omp parallel num_threads(threads)
+  {
+#ifdef _OPENMP
+    const int t = omp_get_thread_num();
+#else
+    const int t = 0;
+#endif
+    try {
+      // Inside the parallel region BLAS runs single-threaded on each thread.
+      at::Tensor tile = at::empty({kTileRows * kTileCols}, x.options());
+      std::vector<T> betas(static_cast<size_t>(kTileRows));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t rb = 0; rb < row_blocks; ++rb) {
+        const int64_t row0 = rb * kTileRows;
+        const int64_t rows = std::min(kTileRows, k - row0);
+        const at::Tensor x_rows = x.narrow(0, row0, rows);
+        at::Tensor acc = with_grad ? grad_dir.narrow(0, row0, rows) : at::Tensor();
+        for (int64_t col0 = 0; col0 < k; col0 += kTileCols) {
+          const int64_t cols = std::min(kTileCols, k - col0);
+          const at::Tensor x_cols = x.narrow(0, col0, cols);
+          at::Tensor g = tile.narrow(0, 0, rows * cols).view({rows, cols});
+          at::mm_out(g, x_rows, x_cols.t());
+          T* g_ptr = g.data_ptr<T>();
+          bool rescale = false;
+          for (int64_t r = 0; r < rows; ++r) {
+            betas[r] = repcap::cpu::penalty_row_update<T>(g_ptr + r * cols, cols, row0 + r - col0, p,
+                                                          row_max + row0 + r, row_sum + row0 + r,
+                                                          with_grad);
+            rescale = rescale || betas[r] != T(1);
+          }
+          if (!with_grad) continue;
+          if (rescale && col0 > 0) {  // before the first tile acc is 0
+            T* acc_ptr = acc.data_ptr<T>();
+            const int64_t d = acc.size(1);
+            for (int64_t r = 0; r < rows; ++r) {
+              if (betas[r] == T(1)) continue;
+              T* a = acc_ptr + r * d;
+              const T b = betas[r];
+              for (int64_t c = 0; c < d; ++c) a[c] *= b;
+            }
+          }
+          acc.addmm_(g, x_cols);
+        }
+      }
+    } catch (const std::exception& e) {  // exceptions must not leave an OpenMP region
+      errors[static_cast<size_t>(t)] = e.what();
+    }
+  }
+  for (const std::string& e : errors) TORCH_CHECK(e.empty(), "gram_offdiag_penalty (cpu): ", e);
+}
+
+PenaltyTuple gram_offdiag_penalty_cpu(const at::Tensor& x, int64_t p, bool with_grad) {
+  check_penalty_inputs(x, p);
+  TORCH_CHECK(x.device().is_cpu(), "gram_offdiag_penalty (cpu): x must be a CPU tensor");
+  const at::Tensor xc = x.contiguous();
+  PenaltyTuple out = make_penalty_outputs(xc, with_grad);
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_cpu", [&] {
+    gram_offdiag_penalty_cpu_impl<scalar_t>(xc, static_cast<int32_t>(p), with_grad, out);
+  });
+  return out;
+}
+
+#ifdef REPCAP_WITH_CUDA
+// CUDA: the same streaming over panels of up to 8192 x 8192 Gram entries (256 MB in float32):
+// G = X_I X_Jᵀ by cuBLAS (at::mm_out, on the current stream, following torch's float32 matmul
+// precision setting), the row epilogue kernel, then acc_I ← diag(beta)·acc_I + W X_J by cuBLAS.
+// Extra memory: one panel and a beta vector.
+constexpr int64_t kCudaPanel = 8192;
+
+template <typename T>
+void gram_offdiag_penalty_cuda_impl(const at::Tensor& x, int32_t p, bool with_grad,
+                                    PenaltyTuple& out) {
+  const int64_t k = x.size(0);
+  const int64_t panel = std::min(k, kCudaPanel);
+  at::Tensor scratch = at::empty({panel * panel}, x.options());
+  at::Tensor beta = at::empty({panel}, x.options());
+  at::Tensor& row_max = std::get<0>(out);
+  at::Tensor& row_sum = std::get<1>(out);
+  at::Tensor& grad_dir = std::get<2>(out);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  for (int64_t row0 = 0; row0 < k; row0 += panel) {
+    const int64_t rows = std::min(panel, k - row0);
+    const at::Tensor x_rows = x.narrow(0, row0, rows);
+    at::Tensor acc = with_grad ? grad_dir.narrow(0, row0, rows) : at::Tensor();
+    at::Tensor beta_rows = beta.narrow(0, 0, rows);
+    for (int64_t col0 = 0; col0 < k; col0 += panel) {
+      const int64_t cols = std::min(panel, k - col0);
+      const at::Tensor x_cols = x.narrow(0, col0, cols);
+      at::Tensor g = scratch.narrow(0, 0, rows * cols).view({rows, cols});
+      at::mm_out(g, x_rows, x_cols.t());
+      const char* err = repcap::cuda::gram_offdiag_penalty_rows_cuda(
+          g.data_ptr<T>(), cols, rows, cols, row0, col0, p, row_max.data_ptr<T>() + row0,
+          row_sum.data_ptr<double>() + row0, beta_rows.data_ptr<T>(), with_grad, stream);
+      TORCH_CHECK(err == nullptr, "gram_offdiag_penalty (cuda): ", err ? err : "");
+      if (!with_grad) continue;
+      if (col0 > 0) acc.mul_(beta_rows.unsqueeze(1));  // before the first panel acc is 0
+      acc.addmm_(g, x_cols);
+    }
+  }
+}
+
+PenaltyTuple gram_offdiag_penalty_cuda(const at::Tensor& x, int64_t p, bool with_grad) {
+  check_penalty_inputs(x, p);
+  TORCH_CHECK(x.is_cuda(), "gram_offdiag_penalty (cuda): x must be a CUDA tensor");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous();
+  PenaltyTuple out = make_penalty_outputs(xc, with_grad);
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_cuda", [&] {
+    gram_offdiag_penalty_cuda_impl<scalar_t>(xc, static_cast<int32_t>(p), with_grad, out);
+  });
+  return out;
+}
+#endif
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(repcap_fast, m) {
+  m.def("gram_offdiag_penalty(Tensor x, int p, bool with_grad) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(repcap_fast, CPU, m) {
+  m.impl("gram_offdiag_penalty", &gram_offdiag_penalty_cpu);
+}
+
+#ifdef REPCAP_WITH_CUDA
+TORCH_LIBRARY_IMPL(repcap_fast, CUDA, m) {
+  m.impl("gram_offdiag_penalty", &gram_offdiag_penalty_cuda);
+}
+#endif
