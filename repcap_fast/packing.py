@@ -1,0 +1,343 @@
+"""Packing simulation (Guha 2026, §1.3): how closely can k unit vectors in R^d avoid each other?
+
+``optimize`` starts from k random unit vectors and minimizes L = Σ_{i≠j}|ĝ_ij|^p with Adam,
+through the streaming penalty kernel (``gram_offdiag_penalty``, never k×k). ``sweep`` runs a
+(k, d) grid and writes every finished cell at once, so an interrupted sweep resumes where it
+stopped. ``capacity.fit`` then fits the constants of the capacity formulas to ε*.
+
+Vectors are the rows of a k×d matrix here; the paper's code stores them as the columns of d×k.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, List, Optional, Sequence
+
+import torch
+
+from . import capacity
+from .penalty import check_p, gram_offdiag_penalty
+
+SWEEP_FORMAT = "repcap_fast.packing.sweep/1"
+_PROGRESS_FLOPS = 2e11  # show a progress bar above about this much work (a few CPU seconds)
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def default_lr(d: int) -> float:
+    """The paper's learning rate: 0.005 for d ≤ 1024, else 0.0025."""
+    return 0.005 if d <= 1024 else 0.0025
+
+
+def default_p(k: int, d: int) -> int:
+    """The paper's exponent p = min(int(m / ln d), 20), with m = 40 if k ≤ 4000, else 50 if
+    d ≥ 3072, else 60 (d = 1 gives 20; p is at least 1)."""
+    m = 40 if k <= 4000 else (50 if d >= 3072 else 60)
+    if d <= 1:
+        return 20
+    return max(1, min(int(m / math.log(d)), 20))
+
+
+@dataclass
+class PackingResult:
+    """One packing run. ``eps_star`` = max_{i≠j}|ĝ_ij| after the last Adam step."""
+
+    k: int
+    d: int
+    steps: int
+    p: int
+    lr: float
+    seed: int
+    dtype: str
+    device: str
+    backend: str
+    eps_star: float
+    eps_star_init: float
+    mean: float
+    std: float
+    mu_plus_2sigma: float
+    welch: float
+    loss_init: float
+    loss_final: float
+    loss_history: List[float] = field(repr=False, default_factory=list)
+    seconds: float = float("nan")
+
+    @property
+    def eps_over_welch(self) -> float:
+        """ε* / Welch bound (≥ 1 for any packing; inf when the bound is 0, i.e. k ≤ d)."""
+        return self.eps_star / self.welch if self.welch > 0 else math.inf
+
+    def to_dict(self, history: bool = True, timing: bool = True) -> dict:
+        out = asdict(self)
+        out["eps_over_welch"] = self.eps_over_welch if math.isfinite(self.eps_over_welch) else None
+        out["eps_minus_welch"] = self.eps_star - self.welch
+        if not history:
+            out.pop("loss_history")
+        if not timing:
+            out.pop("seconds")
+        return out
+
+
+def _check_int(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) and not (hasattr(value, "__index__")):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_lr(lr) -> float:
+    lr = float(lr)
+    if not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"lr must be finite and > 0, got {lr}")
+    return lr
+
+
+def _dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(_DTYPES)}, got {dtype!r}")
+        return _DTYPES[dtype]
+    if dtype not in _DTYPES.values():
+        raise TypeError(f"dtype must be a float dtype, got {dtype!r}")
+    return dtype
+
+
+def _eps_stats(x: torch.Tensor, backend: str):
+    """(ε* = max|ĝ|, mean, std) of the off-diagonal ĝ_ij (pairs i<j), streamed by kernel 1."""
+    from .cosine_stats import pairwise_cosine_stats
+
+    stats = pairwise_cosine_stats(x, bins=1, backend=backend, progress=False)
+    return max(abs(stats.min), abs(stats.max)), stats.mean, stats.std
+
+
+def optimize(
+    k: int,
+    d: int,
+    *,
+    steps: int = 5000,
+    p: Optional[int] = None,
+    lr: Optional[float] = None,
+    seed: int = 0,
+    device="cpu",
+    dtype=torch.float32,
+    backend: str = "auto",
+    progress: Optional[bool] = None,
+) -> PackingResult:
+    """Packs k unit vectors in R^d by minimizing Σ_{i≠j}|ĝ_ij|^p with Adam (the paper's setup).
+
+    The vectors are the rows of a k×d parameter initialized from a seeded standard normal (drawn
+    on the CPU, so the start does not depend on the device) and row-normalized; the loss is
+    computed on the row-normalized vectors every step and the raw parameters are never
+    projected back. Defaults follow the paper: lr = ``default_lr(d)``, p = ``default_p(k, d)``.
+    k ≤ d is allowed: the optimum is then exact orthogonality (ε* → 0).
+
+    Returns ε* = max|ĝ| after the last step, μ + 2σ of the final off-diagonal ĝ, ε* of the
+    random start, the Welch lower bound for (k, d), and the loss after each step.
+    (The paper's script reads ε* in the forward pass of its last step, i.e. after steps − 1
+    updates; here it is read after all `steps` updates.)
+    """
+    k = _check_int(k, "k", 2)
+    d = _check_int(d, "d", 1)
+    steps = _check_int(steps, "steps", 1)
+    p = default_p(k, d) if p is None else check_p(p)
+    lr = default_lr(d) if lr is None else _check_lr(lr)
+    seed = _check_int(seed, "seed", 0)
+    dtype = _dtype(dtype)
+    device = torch.device(device)
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    x0 = torch.randn(k, d, generator=gen, dtype=torch.float64)
+    x0 = x0 / torch.linalg.vector_norm(x0, dim=1, keepdim=True)
+    X = x0.to(device=device, dtype=dtype).requires_grad_(True)
+    stats_backend = backend
+    eps_init, _, _ = _eps_stats(X.detach(), stats_backend)
+    opt = torch.optim.Adam([X], lr=lr)
+    losses = torch.empty(steps, dtype=torch.float64, device=device)
+
+    show = progress if progress is not None else 4.0 * k * k * d * steps >= _PROGRESS_FLOPS
+    bar = None
+    if show:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc=f"pack k={k} d={d} p={p}", unit=" step", leave=False)
+    start = time.perf_counter()
+    try:
+        for step in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = gram_offdiag_penalty(X, p, normalize=True, reduction="sum", backend=backend)
+            loss.backward()
+            opt.step()
+            losses[step] = loss.detach()
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    history = losses.cpu().tolist()
+    eps_star, mean, std = _eps_stats(X.detach(), stats_backend)
+    seconds = time.perf_counter() - start
+    return PackingResult(
+        k=k, d=d, steps=steps, p=p, lr=lr, seed=seed,
+        dtype=str(dtype).replace("torch.", ""), device=str(device), backend=backend,
+        eps_star=float(eps_star), eps_star_init=float(eps_init), mean=float(mean), std=float(std),
+        mu_plus_2sigma=float(mean + 2.0 * std), welch=float(capacity.welch_bound(k, d)),
+        loss_init=float(history[0]), loss_final=float(history[-1]), loss_history=history,
+        seconds=seconds,
+    )
+
+
+# ----------------------------------------------------------------------------------- sweep
+
+_CSV_FIELDS = ("k", "d", "steps", "p", "lr", "seed", "dtype", "eps_star", "eps_star_init",
+               "mean", "std", "mu_plus_2sigma", "welch", "eps_over_welch", "eps_minus_welch",
+               "loss_init", "loss_final")
+# A cell is reused on resume only when these match the sweep's settings.
+_SETTING_KEYS = ("steps", "seed", "dtype", "p", "lr")
+
+
+def _cell_record(result: PackingResult) -> dict:
+    # Timings and the device are left out so that a resumed sweep writes the same file as an
+    # uninterrupted one; the loss history is left out to keep the file small.
+    rec = result.to_dict(history=False, timing=False)
+    rec.pop("device")
+    rec.pop("backend")
+    return {key: rec[key] for key in _CSV_FIELDS}
+
+
+def _read_cells(path: str) -> List[dict]:
+    if not os.path.exists(path):
+        return []
+    if path.endswith(".csv"):
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        cells = []
+        for row in rows:
+            cell = {}
+            for key in _CSV_FIELDS:
+                value = row.get(key, "")
+                if key in ("k", "d", "steps", "p", "seed"):
+                    cell[key] = int(value)
+                elif key == "dtype":
+                    cell[key] = value
+                else:
+                    cell[key] = float(value) if value not in ("", "None") else None
+            cells.append(cell)
+        return cells
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or data.get("format") != SWEEP_FORMAT:
+        raise ValueError(f"out={path!r} exists and is not a repcap_fast sweep file; pick another path")
+    return list(data["cells"])
+
+
+def _write_cells(path: str, cells: List[dict]) -> None:
+    """Atomically (write a temporary file, then rename): a kill never leaves a torn file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        if path.endswith(".csv"):
+            writer = csv.DictWriter(f, fieldnames=_CSV_FIELDS, lineterminator="\n")
+            writer.writeheader()
+            for cell in cells:
+                writer.writerow({k: ("" if cell[k] is None else repr(cell[k]) if isinstance(cell[k], float) else cell[k])
+                                 for k in _CSV_FIELDS})
+        else:
+            json.dump({"format": SWEEP_FORMAT, "cells": cells}, f, indent=1)
+            f.write("\n")
+    os.replace(tmp, path)
+
+
+def _matches(cell: dict, want: dict) -> bool:
+    for key in _SETTING_KEYS:
+        if key in ("p", "lr"):
+            if want[key] is not None and cell[key] != want[key]:
+                return False
+        elif cell[key] != want[key]:
+            return False
+    return True
+
+
+def sweep(
+    ks: Iterable[int],
+    ds: Iterable[int],
+    out: str,
+    *,
+    steps: int = 5000,
+    p: Optional[int] = None,
+    lr: Optional[float] = None,
+    seed: int = 0,
+    device="cpu",
+    dtype=torch.float32,
+    backend: str = "auto",
+    resume: bool = True,
+    progress: bool = True,
+    on_cell: Optional[Callable[[dict], None]] = None,
+) -> List[dict]:
+    """Runs ``optimize`` on every (k, d) of the grid (d outer, k inner) and rewrites `out` after
+    each finished cell (JSON, or CSV when `out` ends in .csv).
+
+    With resume=True (default) the cells already in `out` with the same settings (steps, seed,
+    dtype and, when given, p and lr) are kept and skipped, so a killed sweep loses at most the
+    cell in flight. resume=False starts the file anew. A cell of `out` with other settings is
+    an error (use another file). `on_cell(record)` is called after each cell is written.
+    Shows the cells done and an ETA. Returns the records in grid order.
+    """
+    ks = [_check_int(k, "ks", 2) for k in ks]
+    ds = [_check_int(d, "ds", 1) for d in ds]
+    if not ks or not ds:
+        raise ValueError("ks and ds must each name at least one value")
+    steps = _check_int(steps, "steps", 1)
+    p = None if p is None else check_p(p)
+    lr = None if lr is None else _check_lr(lr)
+    dtype = _dtype(dtype)
+    want = {"steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""), "p": p, "lr": lr}
+    out = os.fspath(out)
+    existing = _read_cells(out) if resume else []
+    for cell in existing:
+        if not _matches(cell, want):
+            raise ValueError(
+                f"out={out!r} holds a cell (k={cell['k']}, d={cell['d']}) with other settings "
+                f"({ {key: cell[key] for key in _SETTING_KEYS} } vs {want}); use another file or "
+                "resume=False"
+            )
+    done = {(c["k"], c["d"]): c for c in existing}
+    grid = [(k, d) for d in ds for k in ks]
+    todo = [cell for cell in grid if cell not in done]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(grid), initial=len(grid) - len(todo), desc="sweep", unit=" cell")
+    try:
+        for k, d in todo:
+            if bar is not None:
+                bar.set_postfix_str(f"k={k} d={d}")
+            result = optimize(k, d, steps=steps, p=p, lr=lr, seed=seed, device=device,
+                              dtype=dtype, backend=backend, progress=False)
+            done[(k, d)] = _cell_record(result)
+            ordered = [done[c] for c in grid if c in done]
+            ordered += [c for key, c in done.items() if key not in set(grid)]  # cells of other grids
+            _write_cells(out, ordered)
+            if bar is not None:
+                bar.update(1)
+            if on_cell is not None:
+                on_cell(done[(k, d)])
+    finally:
+        if bar is not None:
+            bar.close()
+    return [done[c] for c in grid]
+
+
+def load_cells(path: str) -> List[dict]:
+    """The cells of a sweep file (JSON or CSV)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no sweep results at {path!r}")
+    return _read_cells(path)
+
+
+__all__ = ["PackingResult", "default_lr", "default_p", "load_cells", "optimize", "sweep"]
