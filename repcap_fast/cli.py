@@ -1,4 +1,5 @@
-"""Command line: ``repcap info`` and ``repcap epsilon [SOURCE]``."""
+"""Command line: ``repcap info``, ``repcap epsilon [SOURCE]``, ``repcap pack``, ``repcap sweep``
+and ``repcap fit``."""
 
 from __future__ import annotations
 
@@ -133,6 +134,104 @@ def _cmd_epsilon(args) -> int:
     return 0
 
 
+def _write_json(path: str, payload: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2)
+        f.write("\n")
+    print(f"wrote       {path}")
+
+
+def plot_loss(history, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.semilogy(np.arange(1, len(history) + 1), history)
+    ax.set_xlabel("Adam step")
+    ax.set_ylabel("Σ|ĝ|^p")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _cmd_pack(args) -> int:
+    from . import packing
+
+    res = packing.optimize(args.k, args.d, steps=args.steps, p=args.p, lr=args.lr, seed=args.seed,
+                           device=args.device, dtype=args.dtype, backend=args.backend,
+                           progress=args.progress)
+    ratio = "inf" if not np.isfinite(res.eps_over_welch) else f"{res.eps_over_welch:.4f}"
+    print(f"k={res.k} d={res.d} steps={res.steps} p={res.p} lr={res.lr} ({res.seconds:.1f} s, {res.backend})")
+    print(f"eps*        {res.eps_star:.6f}   (random start {res.eps_star_init:.6f})")
+    print(f"welch bound {res.welch:.6f}   eps*/welch {ratio}")
+    print(f"mu+2sigma   {res.mu_plus_2sigma:.6f}")
+    print(f"loss        {res.loss_init:.6g} -> {res.loss_final:.6g}")
+    if args.json:
+        _write_json(args.json, {"repcap_fast": __version__, "command": "pack", "result": res.to_dict()})
+    if args.plot:
+        plot_loss(res.loss_history, args.plot, f"packing k={res.k}, d={res.d}, p={res.p}: eps*={res.eps_star:.4f}")
+        print(f"wrote       {args.plot}")
+    return 0
+
+
+def _int_list(text: str):
+    """"1000,2000" or "1000:8000:1000" (start:stop:step, stop included)."""
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        if ":" in part:
+            start, stop, step = (int(v) for v in part.split(":"))
+            if step <= 0:
+                raise argparse.ArgumentTypeError(f"step must be > 0 in {part!r}")
+            values.extend(range(start, stop + 1, step))
+        elif part:
+            values.append(int(part))
+    if not values:
+        raise argparse.ArgumentTypeError(f"no values in {text!r}")
+    return values
+
+
+def _cmd_sweep(args) -> int:
+    from . import packing
+
+    cells = packing.sweep(args.ks, args.ds, args.out, steps=args.steps, p=args.p, lr=args.lr,
+                          seed=args.seed, device=args.device, dtype=args.dtype, backend=args.backend,
+                          resume=not args.restart, progress=args.progress)
+    print(f"{len(cells)} cells in {args.out}")
+    for c in cells:
+        print(f"k={c['k']:>7} d={c['d']:>5}  eps*={c['eps_star']:.5f}  welch={c['welch']:.5f}")
+    return 0
+
+
+def _cmd_fit(args) -> int:
+    from . import packing
+
+    cells = packing.load_cells(args.results)
+    forms = list(capacity.FIT_FORMS) if args.form == "all" else [args.form]
+    fits = {}
+    for form in forms:
+        res = capacity.fit(cells, form, eps_key=args.eps_key)
+        fits[form] = res.to_dict()
+        params = ", ".join(f"{k}={v:.6g}" for k, v in res.params.items())
+        print(f"{form:<9} {params:<60} R2={res.r2:.5f} MAPE={res.mape:.3f}% NRMSE={res.nrmse:.3f}% "
+              f"max_err={res.max_error:.4g} (n={len(res.eps)}, excluded {len(res.excluded)})")
+        if args.plot:
+            root, ext = os.path.splitext(args.plot)
+            path = args.plot if len(forms) == 1 else f"{root}_{form}{ext or '.png'}"
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            res.plot(path)
+            print(f"wrote       {path}")
+    if args.json:
+        _write_json(args.json, {"repcap_fast": __version__, "command": "fit", "results": args.results,
+                                "eps_key": args.eps_key, "fits": fits})
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="repcap", description="repcap_fast: representation geometry of LMs")
     parser.add_argument("--version", action="version", version=f"repcap_fast {__version__}")
@@ -155,6 +254,41 @@ def build_parser() -> argparse.ArgumentParser:
     p_eps.add_argument("--plot", metavar="PATH", help="write a PNG of the cosine histogram")
     p_eps.add_argument("--no-progress", dest="progress", action="store_false")
     p_eps.set_defaults(func=_cmd_epsilon)
+
+    def packing_options(p, grid: bool):
+        p.add_argument("--steps", type=int, default=5000, help="Adam steps (default 5000, the paper's)")
+        p.add_argument("--p", type=int, default=None, help="penalty exponent (default min(int(m/ln d), 20))")
+        p.add_argument("--lr", type=float, default=None, help="Adam lr (default 0.005 if d <= 1024 else 0.0025)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--device", default="cpu", help="e.g. cpu, cuda, cuda:1")
+        p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
+        p.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
+        p.add_argument("--no-progress", dest="progress", action="store_const", const=False,
+                       default=True if grid else None)
+
+    p_pack = sub.add_parser("pack", help="packing simulation of one (k, d) cell")
+    p_pack.add_argument("--k", type=int, required=True, help="number of vectors")
+    p_pack.add_argument("--d", type=int, required=True, help="dimension")
+    packing_options(p_pack, grid=False)
+    p_pack.add_argument("--json", metavar="PATH", help="write the result and loss history")
+    p_pack.add_argument("--plot", metavar="PATH", help="write a PNG of the loss curve")
+    p_pack.set_defaults(func=_cmd_pack)
+
+    p_sweep = sub.add_parser("sweep", help="packing simulations over a (k, d) grid; resumes")
+    p_sweep.add_argument("--ks", type=_int_list, required=True, help='e.g. "2000:32000:2000" or "1000,2000"')
+    p_sweep.add_argument("--ds", type=_int_list, required=True, help='e.g. "32,64,128"')
+    p_sweep.add_argument("--out", required=True, help="results file (.json, or .csv); rewritten after each cell")
+    p_sweep.add_argument("--restart", action="store_true", help="ignore the cells already in --out")
+    packing_options(p_sweep, grid=True)
+    p_sweep.set_defaults(func=_cmd_sweep)
+
+    p_fit = sub.add_parser("fit", help="fit the capacity constants to sweep results")
+    p_fit.add_argument("results", help="a sweep file (.json or .csv)")
+    p_fit.add_argument("--form", choices=("all",) + tuple(capacity.FIT_FORMS), default="all")
+    p_fit.add_argument("--eps-key", default="eps_star", help="the measured ε (default eps_star; or mu_plus_2sigma)")
+    p_fit.add_argument("--json", metavar="PATH", help="write the constants and metrics")
+    p_fit.add_argument("--plot", metavar="PATH", help="write PNGs of data against fit (one per form)")
+    p_fit.set_defaults(func=_cmd_fit)
     return parser
 
 
