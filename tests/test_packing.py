@@ -1,0 +1,191 @@
+"""Packing simulation, resumable sweeps, the fit of C, the CLI, and bad input."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import repcap_fast as rf
+from repcap_fast import capacity, packing
+from repcap_fast.cli import main as cli
+
+
+@pytest.fixture(scope="module")
+def packed():
+    return packing.optimize(200, 16, steps=300, seed=1)
+
+
+def test_paper_defaults():
+    assert packing.default_lr(1024) == 0.005 and packing.default_lr(1025) == 0.0025
+    assert packing.default_p(4000, 64) == int(40 / math.log(64))  # k ≤ 4000: m = 40
+    assert packing.default_p(8000, 64) == int(60 / math.log(64))  # k > 4000, d < 3072: m = 60
+    assert packing.default_p(8000, 4096) == int(50 / math.log(4096))  # d ≥ 3072: m = 50
+    assert packing.default_p(200, 2) == 20  # capped at 20
+    assert packing.default_p(200, 1) == 20
+
+
+def test_packing_improves_on_the_random_start_and_respects_welch(packed):
+    assert packed.p == packing.default_p(200, 16) and packed.lr == 0.005
+    assert packed.eps_star < 0.75 * packed.eps_star_init
+    assert packed.welch == pytest.approx(math.sqrt((200 - 16) / (16 * 199)))
+    assert packed.eps_star > packed.welch
+    assert packed.eps_over_welch > 1
+    assert len(packed.loss_history) == 300
+    assert packed.loss_final < 0.1 * packed.loss_init
+    # ε* and μ+2σ are read from the final vectors
+    assert packed.mu_plus_2sigma == pytest.approx(packed.mean + 2 * packed.std)
+
+
+def test_packing_is_repeatable_with_the_seed(packed):
+    again = packing.optimize(200, 16, steps=300, seed=1)
+    assert again.eps_star == packed.eps_star and again.loss_history == packed.loss_history
+    other = packing.optimize(200, 16, steps=300, seed=2)
+    assert other.eps_star != packed.eps_star
+
+
+def test_k_below_d_approaches_orthogonality():
+    res = packing.optimize(8, 16, steps=400, p=2)
+    assert res.welch == 0.0 and res.eps_over_welch == math.inf
+    assert res.eps_star < 1e-5 and res.eps_star_init > 0.3
+
+
+def test_result_to_dict_is_json(packed):
+    d = packed.to_dict()
+    json.dumps(d)
+    assert d["eps_minus_welch"] == pytest.approx(packed.eps_star - packed.welch)
+    assert "loss_history" not in packed.to_dict(history=False)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_killed_sweep_resumes_to_the_same_file(tmp_path, suffix):
+    grid = dict(ks=[20, 30, 45], ds=[4, 6], steps=25, progress=False)
+    full = tmp_path / f"full{suffix}"
+    packing.sweep(out=full, **grid)
+
+    part = tmp_path / f"part{suffix}"
+    seen = []
+
+    def kill_after_two(cell):
+        seen.append(cell)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        packing.sweep(out=part, on_cell=kill_after_two, **grid)
+    assert len(packing.load_cells(str(part))) == 2  # the finished cells are on disk
+    ran = []
+    cells = packing.sweep(out=part, on_cell=ran.append, **grid)
+    assert len(ran) == 4  # only the missing cells ran
+    assert part.read_bytes() == full.read_bytes()
+    assert [(c["k"], c["d"]) for c in cells] == [(k, d) for d in (4, 6) for k in (20, 30, 45)]
+
+
+def test_sweep_refuses_other_settings(tmp_path):
+    out = tmp_path / "s.json"
+    packing.sweep([20], [4], out, steps=10, progress=False)
+    with pytest.raises(ValueError, match="other settings"):
+        packing.sweep([20], [4], out, steps=11, progress=False)
+    packing.sweep([20], [4], out, steps=11, progress=False, resume=False)  # starts anew
+    assert packing.load_cells(str(out))[0]["steps"] == 11
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="not a repcap_fast sweep file"):
+        packing.sweep([20], [4], bad, steps=10, progress=False)
+
+
+KS = np.array([k for d in (32, 64, 128, 256) for k in (500, 1000, 2000, 4000, 8000)], float)
+DS = np.array([d for d in (32, 64, 128, 256) for k in (500, 1000, 2000, 4000, 8000)], float)
+
+
+@pytest.mark.parametrize("form,true", [
+    ("jl", (3.029,)),
+    ("adjusted", (1.293,)),
+    ("full", (0.45809143, 1.0668005, 1.44738666, 0.97197234)),
+])
+def test_fit_recovers_known_constants(form, true):
+    eps = capacity.FIT_FORMS[form][0]((KS, DS), *true)
+    res = capacity.fit([{"k": k, "d": d, "eps_star": e} for k, d, e in zip(KS, DS, eps)], form)
+    assert list(res.params.values()) == pytest.approx(true, rel=1e-6)
+    assert res.r2 == pytest.approx(1.0, abs=1e-12) and res.mape < 1e-6 and res.max_error < 1e-8
+
+
+def test_fit_with_noise_reports_metrics_and_exclusions(tmp_path):
+    rng = np.random.default_rng(0)
+    eps = capacity.FIT_FORMS["adjusted"][0]((KS, DS), 1.293) * (1 + 0.01 * rng.standard_normal(len(KS)))
+    cells = [(k, d, e) for k, d, e in zip(KS, DS, eps)] + [(16, 32, 0.01)]  # k ≤ d: excluded, listed
+    res = capacity.fit(cells, "adjusted")
+    assert res.params["C"] == pytest.approx(1.293, rel=0.02)
+    assert 0.9 < res.r2 < 1.0 and 0 < res.mape < 3 and res.nrmse > 0
+    assert res.to_dict()["excluded_cells"] == [{"k": 16, "d": 32, "why": "k <= d has no adjusted capacity (ln(k/d) <= 0)"}]
+    jl = capacity.fit(cells, "jl")  # the JL form takes k ≤ d
+    assert jl.to_dict()["n_cells"] == len(cells)
+    res.plot(str(tmp_path / "fit.png"))
+    assert (tmp_path / "fit.png").stat().st_size > 1000
+
+
+def test_fit_bad_input():
+    with pytest.raises(ValueError, match="form must be one of"):
+        capacity.fit([(100, 10, 0.3)], "nope")
+    with pytest.raises(ValueError, match="empty"):
+        capacity.fit([], "jl")
+    with pytest.raises(ValueError, match="has no 'eps_star'"):
+        capacity.fit([{"k": 100, "d": 10}], "jl")
+    with pytest.raises(ValueError, match="4 parameters"):
+        capacity.fit([(100, 10, 0.3), (200, 10, 0.35)], "full")
+
+
+def test_cli_pack_sweep_fit(tmp_path, capsys):
+    assert cli(["pack", "--k", "40", "--d", "6", "--steps", "20", "--json", str(tmp_path / "p.json"),
+                "--plot", str(tmp_path / "p.png")]) == 0
+    result = json.loads((tmp_path / "p.json").read_text())["result"]
+    assert result["k"] == 40 and len(result["loss_history"]) == 20
+    out = str(tmp_path / "s.csv")
+    assert cli(["sweep", "--ks", "20:40:10", "--ds", "4,6", "--steps", "15", "--out", out, "--no-progress"]) == 0
+    assert len(packing.load_cells(out)) == 6
+    assert cli(["fit", out, "--form", "jl", "--json", str(tmp_path / "f.json"), "--plot", str(tmp_path / "f.png")]) == 0
+    fit = json.loads((tmp_path / "f.json").read_text())["fits"]["jl"]
+    assert fit["params"]["C"] > 0 and "r2" in fit
+    assert cli(["pack", "--k", "1", "--d", "6"]) == 2
+    assert "k must be >= 2" in capsys.readouterr().err
+
+
+X_OK = torch.randn(10, 4)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: rf.gram_offdiag_penalty(torch.randn(1, 4)), "k >= 2"),
+    (lambda: rf.gram_offdiag_penalty(torch.randn(5, 0)), "d >= 1"),
+    (lambda: rf.gram_offdiag_penalty(torch.randn(5)), "2-D"),
+    (lambda: rf.gram_offdiag_penalty(torch.randn(5, 3).int()), "float"),
+    (lambda: rf.gram_offdiag_penalty(X_OK, p=0), "p must be an integer in"),
+    (lambda: rf.gram_offdiag_penalty(X_OK, p=-2), "p must be an integer in"),
+    (lambda: rf.gram_offdiag_penalty(X_OK, p=float("nan")), "p must be finite"),
+    (lambda: rf.gram_offdiag_penalty(X_OK, p=float("inf")), "p must be finite"),
+    (lambda: rf.gram_offdiag_penalty(X_OK, p=2.5), "p must be an integer"),
+    (lambda: rf.gram_offdiag_penalty(X_OK, p=True), "p must be an integer"),
+    (lambda: rf.gram_offdiag_penalty(torch.tensor([[1.0, float("nan")], [0.0, 1.0]])), "NaN/Inf"),
+    (lambda: rf.gram_offdiag_penalty(torch.tensor([[1.0, float("inf")], [0.0, 1.0]])), "NaN/Inf"),
+    (lambda: rf.gram_offdiag_penalty(torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]])), "1 zero rows"),
+    (lambda: rf.gram_offdiag_penalty(X_OK, reduction="none"), "reduction must be one of"),
+    (lambda: rf.gram_offdiag_penalty(X_OK, backend="gpu"), "backend must be one of"),
+    (lambda: rf.gram_offdiag_penalty(X_OK.numpy()), "X must be a torch.Tensor"),
+    (lambda: packing.optimize(1, 4, steps=1), "k must be >= 2"),
+    (lambda: packing.optimize(4, 0, steps=1), "d must be >= 1"),
+    (lambda: packing.optimize(4, 2, steps=0), "steps must be >= 1"),
+    (lambda: packing.optimize(4, 2, steps=1, p=0), "p must be an integer in"),
+    (lambda: packing.optimize(4, 2, steps=1, lr=float("nan")), "lr must be finite"),
+    (lambda: packing.optimize(4, 2, steps=1, dtype="int8"), "dtype must be one of"),
+])
+def test_bad_input_names_the_argument(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
+
+
+def test_zero_rows_are_fine_without_normalization():
+    X = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.5, 1.0]])
+    loss = rf.gram_offdiag_penalty(X, 2, normalize=False, backend="cpu")
+    from repcap_fast.reference import gram_offdiag_penalty_reference
+
+    assert float(loss) == pytest.approx(float(gram_offdiag_penalty_reference(X.double(), 2, False)))
