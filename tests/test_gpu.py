@@ -77,3 +77,60 @@ def test_auto_on_gpu_tensors():
     assert rf.pairwise_cosine_stats(a).backend in ("cuda", "triton")
     with pytest.raises(RuntimeError, match="backend 'cpu' runs on CPU tensors"):
         rf.pairwise_cosine_stats(a, backend="cpu")
+
+
+# --- gram_offdiag_penalty on CUDA tensors ---------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("p", [2, 3, 8, 20])
+@pytest.mark.parametrize("k,d", [(2, 1), (97, 5), (1025, 33), (300, 4096)])
+def test_penalty_on_gpu(backend, k, d, p, normalize):
+    from test_gram_offdiag_penalty import assert_close_to_reference, random_x
+
+    if backend not in gpu_backends():
+        pytest.fail(f"backend {backend} was not built on this GPU machine")
+    X = random_x(k, d, torch.float32, scale=1.0 if normalize else 0.3)
+    assert_close_to_reference(X.cuda(), p, normalize, backend)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_penalty_panels_on_gpu(backend):
+    """k = 9000 > one 8192-row CUDA panel: rows rescaled across panels."""
+    from test_gram_offdiag_penalty import loss_and_grad, random_x
+
+    X = random_x(9000, 16, torch.float32)
+    loss, grad = loss_and_grad(X.cuda(), 8, True, backend=backend)
+    ref_loss, ref_grad = loss_and_grad(X, 8, True, backend="cpu")
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-4)
+    torch.testing.assert_close(grad.cpu(), ref_grad, rtol=1e-3, atol=1e-4 * float(ref_grad.abs().max()))
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_penalty_gradcheck_float64_on_gpu(backend):
+    from test_gram_offdiag_penalty import random_x
+
+    X = random_x(7, 4, torch.float64).cuda().requires_grad_(True)
+    fn = lambda x: rf.gram_offdiag_penalty(x, 3, True, "mean", backend=backend)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (X,), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_penalty_bfloat16_and_determinism_on_gpu(backend):
+    from test_gram_offdiag_penalty import loss_and_grad, random_x, reference64
+
+    X = random_x(513, 64, torch.bfloat16).cuda()
+    a = loss_and_grad(X, 8, True, backend=backend)
+    b = loss_and_grad(X, 8, True, backend=backend)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    ref_loss, ref_grad = reference64(X.cpu(), 8, True)
+    assert float(a[0]) == pytest.approx(float(ref_loss), rel=2e-5)
+    torch.testing.assert_close(a[1].cpu().double(), ref_grad, rtol=8e-3, atol=8e-3 * float(ref_grad.abs().max()))
+
+
+def test_packing_on_gpu():
+    from repcap_fast import packing
+
+    res = packing.optimize(300, 16, steps=200, device="cuda")
+    assert res.eps_star < 0.8 * res.eps_star_init and res.eps_star > res.welch
+    assert res.backend == "auto" and res.device == "cuda"
