@@ -95,7 +95,7 @@ def _kernel(name: str, x: torch.Tensor, p: int, with_grad: bool):
     if name in ("cpu", "cuda"):
         return torch.ops.repcap_fast.gram_offdiag_penalty(x, p, with_grad)
     if name == "triton":
-        from .triton_kernels.gram_offdiag_penalty import gram_offdiag_penalty_triton
+        from .triton_kernels import gram_offdiag_penalty_triton
 
         return gram_offdiag_penalty_triton(x, p, with_grad)
     raise AssertionError(name)

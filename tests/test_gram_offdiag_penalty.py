@@ -281,3 +281,19 @@ print(hwm() - base)
     assert out.returncode == 0, out.stderr[-2000:]
     extra = int(out.stdout.strip().splitlines()[-1])
     assert extra < 128 << 20, f"extra peak memory {extra / 2**20:.0f} MiB"
+
+
+@pytest.mark.skipif("triton" not in KERNEL_BACKENDS, reason="Triton interpreter not available")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("p", [1, 3, 20])
+def test_triton_panel_path(monkeypatch, dtype, p):
+    """The large-d path (Gram panels with a weight scratch, merged per panel), forced at small
+    sizes with several row and column panels."""
+    from repcap_fast.triton_kernels import gram_offdiag_penalty as tk
+
+    monkeypatch.setattr(tk, "FUSED_MAX_D", {torch.float32: 0, torch.float64: 0})
+    monkeypatch.setattr(tk, "PANEL_COLS", 64)
+    monkeypatch.setattr(tk, "PANEL_MAX_ELEMS", 96 * 64)
+    for normalize in (True, False):
+        X = random_x(203, 37, dtype, scale=1.0 if normalize else 0.3)
+        assert_close_to_reference(X, p, normalize, "triton")

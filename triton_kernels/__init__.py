@@ -4,6 +4,7 @@ Importing this package needs ``triton``. Under ``TRITON_INTERPRET=1`` the kernel
 (numpy), which is how the tests check them on a machine without a GPU.
 """
 
+from .gram_offdiag_penalty import gram_offdiag_penalty_triton
 from .pairwise_cosine_stats import pairwise_cosine_stats_triton
 
-__all__ = ["pairwise_cosine_stats_triton"]
+__all__ = ["gram_offdiag_penalty_triton", "pairwise_cosine_stats_triton"]
