@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_NORM_CHUNK_BYTES = 16 << 20
+_NORM_CHUNK_BYTES = 4 << 20  # float64 working copy of a row chunk
 # Kernels keep one int64 histogram per GPU block/program (or CPU thread): this bounds that memory.
-MAX_BINS = 1 << 16  # float64 working copy of a row chunk
+MAX_BINS = 1 << 16
 
 
 def as_matrix(x, name: str) -> torch.Tensor:
@@ -47,17 +47,21 @@ def row_norms(x: torch.Tensor, name: str) -> torch.Tensor:
     """Float64 row norms, in row chunks (no float64 copy of all of x); raises on NaN/Inf in x."""
     rows = max(1, _NORM_CHUNK_BYTES // (8 * x.shape[1]))
     norms = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
-    bad = torch.zeros((), dtype=torch.int64, device=x.device)
     for r0 in range(0, x.shape[0], rows):
-        chunk = x[r0 : r0 + rows].to(torch.float64)
-        bad += (~torch.isfinite(chunk)).sum()
+        chunk = x[r0 : r0 + rows]
+        if x.dtype != torch.float64:
+            # Squares of float32/16-bit values neither overflow nor underflow in float64, and a
+            # NaN/Inf value makes its row's norm non-finite.
+            norms[r0 : r0 + rows] = torch.linalg.vector_norm(chunk, dim=1, dtype=torch.float64)
+            continue
         # ‖x‖ = s·‖x/s‖ with s = max|x|: no overflow or underflow even for extreme float64 rows.
         scale = chunk.abs().amax(dim=1, keepdim=True)
-        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        safe = torch.where((scale > 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
         norms[r0 : r0 + rows] = torch.linalg.vector_norm(chunk / safe, dim=1) * scale[:, 0]
-    n_bad = int(bad)
-    if n_bad:
-        first = int(torch.nonzero(~torch.isfinite(x).all(dim=1))[0])
+    finite = torch.isfinite(norms)
+    if not bool(finite.all()):
+        n_bad = int((~torch.isfinite(x)).sum())
+        first = int(torch.nonzero(~finite)[0])
         raise ValueError(f"{name} contains {n_bad} NaN/Inf values (first in row {first})")
     return norms
 
