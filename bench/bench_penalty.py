@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SMOKE = os.environ.get("REPCAP_BENCH_SMOKE") == "1"
 OUT_DIR = os.environ.get("REPCAP_BENCH_OUT", os.path.join(HERE, "results"))
 HAS_CUDA = torch.cuda.is_available()
-RESULTS = {"cpu": {}, "gpu": {}}
+RESULTS = {"cpu": {}, "gpu": {}, "gpu_huge": {}}
 P = 8
 
 CPU_K, CPU_D = (2048, 64) if SMOKE else (8192, 256)
@@ -185,7 +185,6 @@ def _ratios(section):
 
 
 def teardown_module(module):
-    RESULTS.setdefault("gpu_huge", {})
     for section in ("cpu", "gpu"):
         if not RESULTS[section]:
             continue

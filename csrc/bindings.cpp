@@ -90,8 +90,9 @@ StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_in
   check_inputs(a, a_inv_norm, b, b_inv_norm, bins, lo, hi);
   (void)math_mode;  // CPU always forms dot products in float32.
   const bool self_pairs = !b.has_value();
-  const at::Tensor a32 = a.to(at::kFloat).contiguous();
-  const at::Tensor b32 = self_pairs ? a32 : b->to(at::kFloat).contiguous();
+  // Values only (this op has no autograd formula; out= GEMMs refuse inputs that require grad).
+  const at::Tensor a32 = a.detach().to(at::kFloat).contiguous();
+  const at::Tensor b32 = self_pairs ? a32 : b->detach().to(at::kFloat).contiguous();
   const at::Tensor a_inv = a_inv_norm.contiguous();
   const at::Tensor b_inv = self_pairs ? a_inv : b_inv_norm->contiguous();
   const int64_t m = a32.size(0), n = b32.size(0);
@@ -115,11 +116,19 @@ StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_in
 #else
     const int t = 0;
 #endif
+    std::string& error = errors[static_cast<size_t>(t)];
+    // Exceptions must not leave an OpenMP construct: each is caught where it is thrown and the
+    // thread skips its remaining blocks. Inside the parallel region BLAS runs single-threaded.
+    at::Tensor tile;
     try {
-      // Inside the parallel region BLAS runs single-threaded on each thread.
-      at::Tensor tile = at::empty({kTileRows * kTileCols}, a32.options());
+      tile = at::empty({kTileRows * kTileCols}, a32.options());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t rb = 0; rb < row_blocks; ++rb) {
+    for (int64_t rb = 0; rb < row_blocks; ++rb) {
+      if (!error.empty()) continue;
+      try {
         const int64_t row0 = rb * kTileRows;
         const int64_t rows = std::min(kTileRows, m - row0);
         const at::Tensor a_block = a32.narrow(0, row0, rows);
@@ -131,9 +140,9 @@ StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_in
                                    self_pairs, a_inv_ptr, b_inv_ptr, spec, &counts[t],
                                    row_partials.data() + row0);
         }
+      } catch (const std::exception& e) {
+        error = e.what();
       }
-    } catch (const std::exception& e) {  // exceptions must not leave an OpenMP region
-      errors[static_cast<size_t>(t)] = e.what();
     }
   }
   for (const std::string& e : errors) TORCH_CHECK(e.empty(), "pairwise_cosine_stats (cpu): ", e);

@@ -83,10 +83,11 @@ REPCAP_HD PenaltyTerm<T> penalty_term_from_power(T g, T r, T r_pow_p_minus_1) {
   return out;
 }
 
+// NaN (an overflowed Gram entry: inf·0) stays NaN, so the caller can detect it.
 template <typename T>
 REPCAP_HD T penalty_ratio(T g, T inv_max) {
   const T r = (g < T(0) ? -g : g) * inv_max;
-  return r < T(1) ? r : T(1);
+  return r > T(1) ? T(1) : r;
 }
 
 template <typename T>

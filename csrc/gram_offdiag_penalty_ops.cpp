@@ -77,12 +77,21 @@ void gram_offdiag_penalty_cpu_impl(const at::Tensor& x, int32_t p, bool with_gra
 #else
     const int t = 0;
 #endif
+    std::string& error = errors[static_cast<size_t>(t)];
+    // Exceptions must not leave an OpenMP construct: each is caught where it is thrown and the
+    // thread skips its remaining blocks. Inside the parallel region BLAS runs single-threaded.
+    at::Tensor tile;
+    std::vector<T> betas;
     try {
-      // Inside the parallel region BLAS runs single-threaded on each thread.
-      at::Tensor tile = at::empty({kTileRows * kTileCols}, x.options());
-      std::vector<T> betas(static_cast<size_t>(kTileRows));
+      tile = at::empty({kTileRows * kTileCols}, x.options());
+      betas.resize(static_cast<size_t>(kTileRows));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t rb = 0; rb < row_blocks; ++rb) {
+    for (int64_t rb = 0; rb < row_blocks; ++rb) {
+      if (!error.empty()) continue;
+      try {
         const int64_t row0 = rb * kTileRows;
         const int64_t rows = std::min(kTileRows, k - row0);
         const at::Tensor x_rows = x.narrow(0, row0, rows);
@@ -95,9 +104,9 @@ void gram_offdiag_penalty_cpu_impl(const at::Tensor& x, int32_t p, bool with_gra
           T* g_ptr = g.data_ptr<T>();
           bool rescale = false;
           for (int64_t r = 0; r < rows; ++r) {
-            betas[r] = repcap::cpu::penalty_row_update<T>(g_ptr + r * cols, cols, row0 + r - col0, p,
-                                                          row_max + row0 + r, row_sum + row0 + r,
-                                                          with_grad);
+            betas[r] = repcap::cpu::penalty_row_update<T>(g_ptr + r * cols, cols, row0 + r - col0,
+                                                          p, row_max + row0 + r,
+                                                          row_sum + row0 + r, with_grad);
             rescale = rescale || betas[r] != T(1);
           }
           if (!with_grad) continue;
@@ -113,9 +122,9 @@ void gram_offdiag_penalty_cpu_impl(const at::Tensor& x, int32_t p, bool with_gra
           }
           acc.addmm_(g, x_cols);
         }
+      } catch (const std::exception& e) {
+        error = e.what();
       }
-    } catch (const std::exception& e) {  // exceptions must not leave an OpenMP region
-      errors[static_cast<size_t>(t)] = e.what();
     }
   }
   for (const std::string& e : errors) TORCH_CHECK(e.empty(), "gram_offdiag_penalty (cpu): ", e);
@@ -124,7 +133,7 @@ void gram_offdiag_penalty_cpu_impl(const at::Tensor& x, int32_t p, bool with_gra
 PenaltyTuple gram_offdiag_penalty_cpu(const at::Tensor& x, int64_t p, bool with_grad) {
   check_penalty_inputs(x, p);
   TORCH_CHECK(x.device().is_cpu(), "gram_offdiag_penalty (cpu): x must be a CPU tensor");
-  const at::Tensor xc = x.contiguous();
+  const at::Tensor xc = x.detach().contiguous();  // values only: this op has no autograd formula
   PenaltyTuple out = make_penalty_outputs(xc, with_grad);
   AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_cpu", [&] {
     gram_offdiag_penalty_cpu_impl<scalar_t>(xc, static_cast<int32_t>(p), with_grad, out);
@@ -175,7 +184,7 @@ PenaltyTuple gram_offdiag_penalty_cuda(const at::Tensor& x, int64_t p, bool with
   check_penalty_inputs(x, p);
   TORCH_CHECK(x.is_cuda(), "gram_offdiag_penalty (cuda): x must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor xc = x.contiguous();
+  const at::Tensor xc = x.detach().contiguous();  // values only: this op has no autograd formula
   PenaltyTuple out = make_penalty_outputs(xc, with_grad);
   AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_cuda", [&] {
     gram_offdiag_penalty_cuda_impl<scalar_t>(xc, static_cast<int32_t>(p), with_grad, out);

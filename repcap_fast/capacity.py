@@ -222,7 +222,8 @@ class FitResult:
         pred = self.predict(k, d)
         resid = eps - pred
         self.predicted = pred
-        self.r2 = float(1.0 - np.sum(resid**2) / np.sum((eps - eps.mean()) ** 2)) if len(eps) > 1 else float("nan")
+        total = float(np.sum((eps - eps.mean()) ** 2))
+        self.r2 = float(1.0 - np.sum(resid**2) / total) if total > 0 else float("nan")
         self.rmse = float(np.sqrt(np.mean(resid**2)))
         spread = float(eps.max() - eps.min())
         self.nrmse = float(100.0 * self.rmse / spread) if spread > 0 else float("nan")
@@ -237,11 +238,15 @@ class FitResult:
         return model((k, d), *self.params.values())
 
     def to_dict(self) -> dict:
+        """JSON-ready; an undefined metric (R² of constant data, say) is None."""
+        def num(v):
+            return float(v) if np.isfinite(v) else None
+
         return {
             "form": self.form,
             "params": {k: float(v) for k, v in self.params.items()},
-            "r2": self.r2, "rmse": self.rmse, "nrmse_percent": self.nrmse,
-            "mape_percent": self.mape, "max_error": self.max_error,
+            "r2": num(self.r2), "rmse": num(self.rmse), "nrmse_percent": num(self.nrmse),
+            "mape_percent": num(self.mape), "max_error": num(self.max_error),
             "n_cells": int(len(self.eps)), "eps_key": self.eps_key,
             "excluded_cells": [{"k": int(k), "d": int(d), "why": why} for k, d, why in self.excluded],
         }
@@ -285,7 +290,7 @@ def _cells_arrays(cells, eps_key):
         cells = load_cells(cells)
     if isinstance(cells, dict) and "cells" in cells:
         cells = cells["cells"]
-    ks, ds, eps = [], [], []
+    ks, ds, eps, missing = [], [], [], []
     for i, cell in enumerate(cells):
         if isinstance(cell, dict):
             try:
@@ -297,17 +302,20 @@ def _cells_arrays(cells, eps_key):
                 k, d, e = cell
             except (TypeError, ValueError):
                 raise ValueError(f"cells[{i}] must be a dict with k, d, {eps_key} or a (k, d, eps) triple") from None
+        if e is None:  # e.g. eps_over_welch of a cell with k <= d
+            missing.append((k, d, f"{eps_key} is None"))
+            continue
         ks.append(k)
         ds.append(d)
         eps.append(e)
     k, d, e = (np.asarray(v, dtype=np.float64) for v in (ks, ds, eps))
     if len(k) == 0:
-        raise ValueError("cells is empty")
+        raise ValueError("cells is empty" if not missing else f"no cell has a value for {eps_key!r}")
     if not (np.all(np.isfinite(k)) and np.all(np.isfinite(d)) and np.all(np.isfinite(e))):
         raise ValueError("cells hold non-finite k, d or eps")
     if np.any(k < 2) or np.any(d < 1) or np.any(e < 0):
         raise ValueError("cells need k >= 2, d >= 1 and eps >= 0")
-    return k, d, e
+    return k, d, e, missing
 
 
 def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> FitResult:
@@ -319,7 +327,8 @@ def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> Fit
       * "full":     ε = sqrt(C ln(k^a/d)^b / d^c)   (fits C, a, b, c)
     `cells`: sweep records (dicts with k, d and `eps_key`, default the packing's ε*), (k, d, ε)
     triples, or the path of a sweep file. The adjusted and full forms need k > d: other cells
-    are excluded and listed in the result (never silently). Returns a FitResult with R², MAPE,
+    are excluded and listed in the result (never silently), as are cells without a value for
+    `eps_key`. Returns a FitResult with R², MAPE,
     NRMSE, RMSE, the max error, and ``plot(path)``.
     """
     if form not in FIT_FORMS:
@@ -327,12 +336,12 @@ def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> Fit
     from scipy.optimize import curve_fit
 
     model, names, start, bounds, needs_k_gt_d = FIT_FORMS[form]
-    k, d, eps = _cells_arrays(cells, eps_key)
-    excluded = []
+    k, d, eps, missing = _cells_arrays(cells, eps_key)
+    excluded = list(missing)
     keep = np.ones_like(k, dtype=bool)
     if needs_k_gt_d:
         keep = k > d
-        excluded = [(kk, dd, f"k <= d has no {form} capacity (ln(k/d) <= 0)") for kk, dd in zip(k[~keep], d[~keep])]
+        excluded += [(kk, dd, f"k <= d has no {form} capacity (ln(k/d) <= 0)") for kk, dd in zip(k[~keep], d[~keep])]
     k, d, eps = k[keep], d[keep], eps[keep]
     if len(k) < len(names):
         raise ValueError(f"the {form} form has {len(names)} parameters but only {len(k)} usable cells")

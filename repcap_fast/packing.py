@@ -44,7 +44,8 @@ def default_p(k: int, d: int) -> int:
 
 @dataclass
 class PackingResult:
-    """One packing run. ``eps_star`` = max_{i≠j}|ĝ_ij| after the last Adam step."""
+    """One packing run. ``eps_star`` = max_{i≠j}|ĝ_ij| after the last Adam step;
+    ``loss_history[s]`` is the loss step s evaluated (before its update)."""
 
     k: int
     d: int
@@ -138,7 +139,8 @@ def optimize(
     k ≤ d is allowed: the optimum is then exact orthogonality (ε* → 0).
 
     Returns ε* = max|ĝ| after the last step, μ + 2σ of the final off-diagonal ĝ, ε* of the
-    random start, the Welch lower bound for (k, d), and the loss after each step.
+    random start, the Welch lower bound for (k, d), the loss of every step (``loss_history[s]``
+    is the loss evaluated by step s, before its update) and the backend that ran.
     (The paper's script reads ε* in the forward pass of its last step, i.e. after steps − 1
     updates; here it is read after all `steps` updates.)
     """
@@ -151,11 +153,14 @@ def optimize(
     dtype = _dtype(dtype)
     device = torch.device(device)
 
+    from ._backends import resolve_backend
+
+    used_backend = resolve_backend(backend, device, "gram_offdiag_penalty")
     gen = torch.Generator(device="cpu").manual_seed(seed)
     x0 = torch.randn(k, d, generator=gen, dtype=torch.float64)
     x0 = x0 / torch.linalg.vector_norm(x0, dim=1, keepdim=True)
     X = x0.to(device=device, dtype=dtype).requires_grad_(True)
-    stats_backend = backend
+    stats_backend = used_backend
     eps_init, _, _ = _eps_stats(X.detach(), stats_backend)
     opt = torch.optim.Adam([X], lr=lr)
     losses = torch.empty(steps, dtype=torch.float64, device=device)
@@ -170,7 +175,7 @@ def optimize(
     try:
         for step in range(steps):
             opt.zero_grad(set_to_none=True)
-            loss = gram_offdiag_penalty(X, p, normalize=True, reduction="sum", backend=backend)
+            loss = gram_offdiag_penalty(X, p, normalize=True, reduction="sum", backend=used_backend)
             loss.backward()
             opt.step()
             losses[step] = loss.detach()
@@ -184,7 +189,7 @@ def optimize(
     seconds = time.perf_counter() - start
     return PackingResult(
         k=k, d=d, steps=steps, p=p, lr=lr, seed=seed,
-        dtype=str(dtype).replace("torch.", ""), device=str(device), backend=backend,
+        dtype=str(dtype).replace("torch.", ""), device=str(device), backend=used_backend,
         eps_star=float(eps_star), eps_star_init=float(eps_init), mean=float(mean), std=float(std),
         mu_plus_2sigma=float(mean + 2.0 * std), welch=float(capacity.welch_bound(k, d)),
         loss_init=float(history[0]), loss_final=float(history[-1]), loss_history=history,
@@ -215,7 +220,10 @@ def _read_cells(path: str) -> List[dict]:
         return []
     if path.endswith(".csv"):
         with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            if tuple(reader.fieldnames or ()) != _CSV_FIELDS:
+                raise ValueError(f"out={path!r} exists and is not a repcap_fast sweep file; pick another path")
+            rows = list(reader)
         cells = []
         for row in rows:
             cell = {}
@@ -253,13 +261,12 @@ def _write_cells(path: str, cells: List[dict]) -> None:
 
 
 def _matches(cell: dict, want: dict) -> bool:
-    for key in _SETTING_KEYS:
-        if key in ("p", "lr"):
-            if want[key] is not None and cell[key] != want[key]:
-                return False
-        elif cell[key] != want[key]:
-            return False
-    return True
+    """Whether a finished cell was made with the sweep's settings (p and lr: the given ones, or
+    the paper's defaults for the cell's (k, d) when not given)."""
+    p = want["p"] if want["p"] is not None else default_p(cell["k"], cell["d"])
+    lr = want["lr"] if want["lr"] is not None else default_lr(cell["d"])
+    return (cell["steps"] == want["steps"] and cell["seed"] == want["seed"]
+            and cell["dtype"] == want["dtype"] and cell["p"] == p and cell["lr"] == lr)
 
 
 def sweep(
@@ -279,16 +286,18 @@ def sweep(
     on_cell: Optional[Callable[[dict], None]] = None,
 ) -> List[dict]:
     """Runs ``optimize`` on every (k, d) of the grid (d outer, k inner) and rewrites `out` after
-    each finished cell (JSON, or CSV when `out` ends in .csv).
+    each finished cell (JSON, or CSV when `out` ends in .csv), atomically.
 
     With resume=True (default) the cells already in `out` with the same settings (steps, seed,
-    dtype and, when given, p and lr) are kept and skipped, so a killed sweep loses at most the
-    cell in flight. resume=False starts the file anew. A cell of `out` with other settings is
-    an error (use another file). `on_cell(record)` is called after each cell is written.
+    dtype, p and lr, where p and lr left as None mean the paper's defaults for each cell) are kept
+    and skipped, so a killed sweep loses at most the cell in flight. resume=False starts the
+    sweep file anew (a file that is not a sweep file is never overwritten). A cell of `out` with
+    other settings is an error (use another file). Repeated values in ks or ds run once.
+    `on_cell(record)` is called after each cell is written.
     Shows the cells done and an ETA. Returns the records in grid order.
     """
-    ks = [_check_int(k, "ks", 2) for k in ks]
-    ds = [_check_int(d, "ds", 1) for d in ds]
+    ks = list(dict.fromkeys(_check_int(k, "ks", 2) for k in ks))  # order kept, repeats dropped
+    ds = list(dict.fromkeys(_check_int(d, "ds", 1) for d in ds))
     if not ks or not ds:
         raise ValueError("ks and ds must each name at least one value")
     steps = _check_int(steps, "steps", 1)
@@ -297,12 +306,15 @@ def sweep(
     dtype = _dtype(dtype)
     want = {"steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""), "p": p, "lr": lr}
     out = os.fspath(out)
-    existing = _read_cells(out) if resume else []
+    existing = _read_cells(out)  # also when not resuming: never overwrite a foreign file
+    if not resume:
+        existing = []
     for cell in existing:
         if not _matches(cell, want):
             raise ValueError(
                 f"out={out!r} holds a cell (k={cell['k']}, d={cell['d']}) with other settings "
-                f"({ {key: cell[key] for key in _SETTING_KEYS} } vs {want}); use another file or "
+                f"({ {key: cell[key] for key in _SETTING_KEYS} }; this sweep: {want}, None = the "
+                "paper's default); use another file or "
                 "resume=False"
             )
     done = {(c["k"], c["d"]): c for c in existing}

@@ -2,9 +2,10 @@
 
 ``gram_offdiag_penalty`` streams the Gram matrix of the rows of X in tiles, like streaming
 attention, and never allocates k×k: per row block it loops over column blocks, forms the Gram
-tile, applies the elementwise weight p·sign(g)|g|^(p−1) (diagonal masked) and accumulates
-weight × X_J. Each row keeps a running maximum m_i = max_{j≠i}|g_ij| (online rescaling), so
-|g|^p is only formed for ratios |g|/m_i ≤ 1 and never overflows or underflows inside a tile:
+tile, applies the elementwise weight sign(g)(|g|/m_i)^(p−1) (diagonal masked; the factor
+2p·m_i^(p−1) is applied per row afterwards) and accumulates weight × X_J. Each row keeps a
+running maximum m_i = max_{j≠i}|g_ij| (online rescaling), so powers are only formed of ratios
+|g|/m_i ≤ 1 and never overflow or underflow inside a tile:
 
     L = Σ_i m_i^p s_i,       s_i = Σ_{j≠i} (|g_ij|/m_i)^p                  (float64)
     ∂L/∂x̂_i = 2p m_i^(p−1) Σ_{j≠i} sign(g_ij)(|g_ij|/m_i)^(p−1) x̂_j
@@ -82,23 +83,41 @@ def _check_rows(X: torch.Tensor, normalize: bool) -> torch.Tensor:
 
 
 def _prepare(X: torch.Tensor, normalize: bool):
-    """(x̂, float64 row norms) or (x, None), contiguous in the compute dtype."""
+    """(x̂, float64 row norms) or (x, None), contiguous in the compute dtype. x̂ is divided in
+    float64 in row chunks and rounded once (tiny rows whose 1/‖x‖ overflows float32 are fine)."""
     norms = _check_rows(X, normalize)
-    x = X.detach().to(_compute_dtype(X.dtype))
+    dtype = _compute_dtype(X.dtype)
+    x = X.detach()
     if not normalize:
-        return x.contiguous(), None
-    return (x * (1.0 / norms).to(x.dtype)[:, None]).contiguous(), norms
+        return x.to(dtype).contiguous(), None
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    rows = max(1, (4 << 20) // (8 * x.shape[1]))
+    for r0 in range(0, x.shape[0], rows):
+        chunk = x[r0 : r0 + rows].to(torch.float64)
+        out[r0 : r0 + rows] = chunk / norms[r0 : r0 + rows, None]
+    return out, norms
 
 
-def _kernel(name: str, x: torch.Tensor, p: int, with_grad: bool):
-    """(row_max, row_sum float64, grad_dir) from the backend `name` (see csrc/gram_offdiag_penalty_ops.cpp)."""
+def _kernel(name: str, x: torch.Tensor, p: int, with_grad: bool, normalized: bool):
+    """(row_max, row_sum float64, grad_dir) from the backend `name` (see
+    csrc/gram_offdiag_penalty_ops.cpp). Rows of unit vectors have |ĝ| ≤ 1: a row maximum above 1
+    is rounding (up to an ulp, more with TF32 GEMMs) and is clamped, so m^p stays ≤ 1 for any p."""
     if name in ("cpu", "cuda"):
-        return torch.ops.repcap_fast.gram_offdiag_penalty(x, p, with_grad)
-    if name == "triton":
+        row_max, row_sum, grad_dir = torch.ops.repcap_fast.gram_offdiag_penalty(x, p, with_grad)
+    elif name == "triton":
         from .triton_kernels import gram_offdiag_penalty_triton
 
-        return gram_offdiag_penalty_triton(x, p, with_grad)
-    raise AssertionError(name)
+        row_max, row_sum, grad_dir = gram_offdiag_penalty_triton(x, p, with_grad)
+    else:
+        raise AssertionError(name)
+    if not (bool(torch.isfinite(row_sum).all()) and bool(torch.isfinite(row_max).all())):
+        raise ValueError(
+            f"X's Gram entries overflow {x.dtype} (|x_i·x_j| beyond its range); pass float64 X or "
+            "rescale it (normalize=True cannot overflow)"
+        )
+    if normalized:
+        row_max = row_max.clamp(max=1.0)
+    return row_max, row_sum, grad_dir
 
 
 def _log_pow(m: torch.Tensor, e: int) -> torch.Tensor:
@@ -113,15 +132,23 @@ def _loss_from_rows(row_max: torch.Tensor, row_sum: torch.Tensor, p: int) -> tor
 
 
 def _finish_grad(grad_dir, row_max, x, norms, p: int, scale: float) -> torch.Tensor:
-    """∂L/∂x in place of grad_dir: 2p·scale·m_i^(p−1)·grad_dir_i, then the normalization's chain
-    rule (I − x̂x̂ᵀ)/‖x‖ when norms is given. O(k·d), no k×d temporaries."""
-    coef = torch.exp(_log_pow(row_max, p - 1) + math.log(2.0 * p * scale))
-    coef = torch.where(row_max > 0, coef, torch.zeros_like(coef))
-    grad_dir.mul_(coef.to(grad_dir.dtype)[:, None])
+    """∂L/∂x in place of grad_dir: the chain rule (I − x̂x̂ᵀ) of the normalization (when norms is
+    given) on the direction, then one per-row factor 2p·scale·m_i^(p−1)/‖x_i‖ formed in float64.
+    O(k·d), no k×d temporaries (except float64 row chunks where the factor exceeds float32)."""
     if norms is not None:
-        radial = torch.bmm(grad_dir.unsqueeze(1), x.unsqueeze(2)).reshape(-1)  # g_i·x̂_i
+        radial = torch.bmm(grad_dir.unsqueeze(1), x.unsqueeze(2)).reshape(-1)  # dir_i·x̂_i
         grad_dir.addcmul_(x, radial[:, None], value=-1.0)
-        grad_dir.mul_((1.0 / norms).to(grad_dir.dtype)[:, None])
+    log_coef = _log_pow(row_max, p - 1) + math.log(2.0 * p * scale)
+    if norms is not None:
+        log_coef = log_coef - torch.log(norms)
+    coef = torch.where(row_max > 0, torch.exp(log_coef), torch.zeros_like(log_coef))
+    if grad_dir.dtype == torch.float64 or float(coef.max()) < 1e30:
+        grad_dir.mul_(coef.to(grad_dir.dtype)[:, None])
+    else:  # the factor alone overflows float32: multiply in float64, round each element once
+        rows = max(1, (4 << 20) // (8 * grad_dir.shape[1]))
+        for r0 in range(0, grad_dir.shape[0], rows):
+            chunk = grad_dir[r0 : r0 + rows]
+            chunk.copy_(chunk.to(torch.float64) * coef[r0 : r0 + rows, None])
     return grad_dir
 
 
@@ -131,11 +158,11 @@ class GramOffdiagPenaltyFunction(torch.autograd.Function):
     by the incoming gradient in backward."""
 
     @staticmethod
-    def forward(ctx, X, p, normalize, reduction, backend):
+    def forward(ctx, X, p, normalize, reduction, backend, with_grad):
         x, norms = _prepare(X, normalize)
         k = x.shape[0]
-        with_grad = bool(ctx.needs_input_grad[0])
-        row_max, row_sum, grad_dir = _kernel(backend, x, p, with_grad)
+        with_grad = with_grad and bool(ctx.needs_input_grad[0])
+        row_max, row_sum, grad_dir = _kernel(backend, x, p, with_grad, normalize)
         scale = 1.0 / (k * (k - 1)) if reduction == "mean" else 1.0
         loss = _loss_from_rows(row_max, row_sum, p) * scale
         if with_grad:
@@ -143,15 +170,21 @@ class GramOffdiagPenaltyFunction(torch.autograd.Function):
             del x, grad_dir
             ctx.save_for_backward(grad)
         ctx.x_dtype = X.dtype
+        ctx.has_grad = with_grad
         return loss.to(_compute_dtype(X.dtype))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
+        if not ctx.has_grad:
+            raise RuntimeError(
+                "gram_offdiag_penalty: the gradient was not computed (the loss was formed with "
+                "autograd disabled); call it again with grad enabled"
+            )
         (grad,) = ctx.saved_tensors
         g = grad_loss.to(grad.dtype)
         out = grad if bool(g == 1) else grad * g
-        return out.to(ctx.x_dtype), None, None, None, None
+        return out.to(ctx.x_dtype), None, None, None, None, None
 
 
 def gram_offdiag_penalty(
@@ -185,7 +218,9 @@ def gram_offdiag_penalty(
         from .reference import gram_offdiag_penalty_reference
 
         return gram_offdiag_penalty_reference(X, p, normalize, reduction)
-    return GramOffdiagPenaltyFunction.apply(X, p, normalize, reduction, name)
+    # The gradient is formed in the forward pass, so only when autograd will want it.
+    with_grad = torch.is_grad_enabled() and X.requires_grad
+    return GramOffdiagPenaltyFunction.apply(X, p, normalize, reduction, name, with_grad)
 
 
 def gram_offdiag_rows(
@@ -207,7 +242,7 @@ def gram_offdiag_rows(
         g.fill_diagonal_(0.0)
         return g.amax(dim=1), g.pow(p).sum(dim=1)
     x, _ = _prepare(X, normalize)
-    row_max, row_sum, _ = _kernel(name, x, p, False)
+    row_max, row_sum, _ = _kernel(name, x, p, False, normalize)
     rows = torch.exp(_log_pow(row_max, p) + torch.log(row_sum))
     rows = torch.where(row_sum > 0, rows, torch.zeros_like(rows))
     return row_max.to(torch.float64), rows

@@ -297,3 +297,76 @@ def test_triton_panel_path(monkeypatch, dtype, p):
     for normalize in (True, False):
         X = random_x(203, 37, dtype, scale=1.0 if normalize else 0.3)
         assert_close_to_reference(X, p, normalize, "triton")
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_upstream_gradient_and_non_leaf_input(backend):
+    W = random_x(40, 9, torch.float64).requires_grad_(True)
+    A = torch.randn(9, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    (3.5 * rf.gram_offdiag_penalty(W @ A, 3, backend=backend)).backward()
+    got = W.grad.clone()
+    W.grad = None
+    (3.5 * gram_offdiag_penalty_reference(W @ A, 3)).backward()
+    torch.testing.assert_close(got, W.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_duplicated_rows_with_huge_p(backend):
+    # ĝ = 1 (rounded up to 1 + ulp in float32) for the duplicated pair: m^p must not overflow.
+    X = random_x(30, 6, torch.float32)
+    X[7] = 3 * X[2]
+    loss, grad = loss_and_grad(X, 1_000_000, True, backend=backend)
+    assert float(loss) == pytest.approx(2.0, rel=1e-3)  # the pair (2, 7) both ways; the rest underflow
+    assert torch.isfinite(grad).all()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_overflowing_gram_is_an_error(backend):
+    X = torch.full((4, 3), 1e20)  # x_i·x_j = 3e40 > float32 max
+    with pytest.raises(ValueError, match="overflow"):
+        rf.gram_offdiag_penalty(X, 2, normalize=False, backend=backend)
+    loss = rf.gram_offdiag_penalty(X.double(), 2, normalize=False, backend=backend)
+    v = float(X.double()[0, 0])  # 1e20 rounded to float32
+    assert float(loss) == pytest.approx(12 * (3 * v * v) ** 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_tiny_rows_normalize_exactly(backend):
+    X = random_x(20, 5, torch.float64) * 1e-40  # float32 subnormal rows: 1/‖x‖ overflows float32
+    loss, grad = loss_and_grad(X.float(), 4, True, backend=backend)
+    ref_loss, ref_grad = reference64(X.float(), 4, True)
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-4)
+    # ∂L/∂x ~ 1/‖x‖ ~ 1e40 is beyond float32: inf exactly where the float64 gradient is too big
+    assert torch.equal(torch.isinf(grad), ref_grad.abs() > torch.finfo(torch.float32).max)
+
+
+def test_no_gradient_work_without_autograd(monkeypatch):
+    from repcap_fast import penalty
+
+    calls = []
+    real = penalty._kernel
+
+    def spy(name, x, p, with_grad, normalized):
+        calls.append(with_grad)
+        return real(name, x, p, with_grad, normalized)
+
+    monkeypatch.setattr(penalty, "_kernel", spy)
+    X = random_x(50, 4).requires_grad_(True)
+    with torch.no_grad():
+        rf.gram_offdiag_penalty(X, 4, backend="cpu")
+    with torch.inference_mode():
+        rf.gram_offdiag_penalty(X, 4, backend="cpu")
+    rf.gram_offdiag_penalty(X.detach(), 4, backend="cpu")
+    rf.gram_offdiag_penalty(X, 4, backend="cpu").backward()
+    assert calls == [False, False, False, True]
+
+
+def test_ops_take_tensors_that_require_grad():
+    # The registered ops read values only (an out= GEMM inside an OpenMP loop used to abort).
+    x = random_x(300, 8).requires_grad_(True)
+    row_max, _, grad_dir = torch.ops.repcap_fast.gram_offdiag_penalty(x, 4, True)
+    assert torch.isfinite(grad_dir).all() and torch.isfinite(row_max).all()
+    inv = 1 / x.detach().norm(dim=1)
+    moments, counts, _ = torch.ops.repcap_fast.pairwise_cosine_stats(x, inv, None, None, 16, -1.0, 1.0, 0)
+    assert int(counts[0]) == 300 * 299 // 2

@@ -189,3 +189,54 @@ def test_zero_rows_are_fine_without_normalization():
     from repcap_fast.reference import gram_offdiag_penalty_reference
 
     assert float(loss) == pytest.approx(float(gram_offdiag_penalty_reference(X.double(), 2, False)))
+
+
+def test_resume_checks_default_settings_and_dedupes(tmp_path):
+    out = tmp_path / "s.json"
+    packing.sweep([20], [4], out, steps=10, p=3, progress=False)
+    with pytest.raises(ValueError, match="other settings"):  # the default p for (20, 4) is 20
+        packing.sweep([20], [4], out, steps=10, progress=False)
+    ran = []
+    packing.sweep([20, 20, 30], [4, 4], tmp_path / "d.json", steps=5, progress=False, on_cell=ran.append)
+    assert [(c["k"], c["d"]) for c in ran] == [(20, 4), (30, 4)]
+    csv_file = tmp_path / "other.csv"
+    csv_file.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not a repcap_fast sweep file"):
+        packing.sweep([20], [4], csv_file, steps=5, progress=False, resume=False)
+
+
+def test_sweep_survives_sigkill(tmp_path):
+    """A sweep process killed with SIGKILL mid-run leaves a valid file of finished cells; the
+    resumed sweep writes the same file as an uninterrupted one."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    grid = "ks=[40, 60, 80], ds=[4, 6], steps=150, progress=False"
+    full = tmp_path / "full.json"
+    packing.sweep(out=full, **eval(f"dict({grid})"))
+    part = tmp_path / "part.json"
+    code = f"from repcap_fast import packing; packing.sweep(out={str(part)!r}, {grid})"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if part.exists() and len(packing.load_cells(str(part))) >= 2:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = len(packing.load_cells(str(part)))
+    assert 1 <= done < 6, done  # killed mid-sweep, file intact
+    packing.sweep(out=part, **eval(f"dict({grid})"))
+    assert part.read_bytes() == full.read_bytes()
+
+
+def test_fit_excludes_cells_without_a_value():
+    cells = [{"k": k, "d": d, "eps_over_welch": (None if k <= d else 1.0 + 10.0 / k)}
+             for k, d in [(8, 16), (100, 10), (200, 10), (400, 10), (800, 20)]]
+    res = capacity.fit(cells, "jl", eps_key="eps_over_welch")
+    assert res.to_dict()["excluded_cells"] == [{"k": 8, "d": 16, "why": "eps_over_welch is None"}]
+    flat = capacity.fit([(100, 10, 0.3), (200, 10, 0.3), (400, 10, 0.3)], "jl")
+    assert flat.to_dict()["r2"] is None  # constant data: R² undefined, JSON-safe
+    json.dumps(flat.to_dict())
