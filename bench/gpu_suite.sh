@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU suite, for a machine with one NVIDIA GPU and no network (about 8 minutes, build
+# The GPU suite, for a machine with one NVIDIA GPU and no network (estimated 10 minutes, build
 # included): build with the CUDA kernels, run the GPU tests, time the GPU section of every
 # benchmark, print a short table last and write JSON under bench/results/.
 #   bash bench/gpu_suite.sh            # full sizes (V = 151,936)
