@@ -10,11 +10,8 @@
 #include <tuple>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "cpu/pairwise_cosine_stats_cpu.h"
+#include "cpu/parallel_blocks.h"
 #include "gram_offdiag_penalty_epilogue.h"
 #include "pairwise_cosine_stats_epilogue.h"
 
@@ -108,27 +105,11 @@ StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_in
   std::vector<repcap::CosinePartial> row_partials(static_cast<size_t>(m), repcap::empty_partial());
   std::vector<repcap::cpu::ThreadCounts> counts(static_cast<size_t>(threads),
                                                 repcap::cpu::ThreadCounts(spec, kTileCols));
-  std::vector<std::string> errors(static_cast<size_t>(threads));
-#pragma omp parallel num_threads(threads)
-  {
-#ifdef _OPENMP
-    const int t = omp_get_thread_num();
-#else
-    const int t = 0;
-#endif
-    std::string& error = errors[static_cast<size_t>(t)];
-    // Exceptions must not leave an OpenMP construct: each is caught where it is thrown and the
-    // thread skips its remaining blocks. Inside the parallel region BLAS runs single-threaded.
-    at::Tensor tile;
-    try {
-      tile = at::empty({kTileRows * kTileCols}, a32.options());
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t rb = 0; rb < row_blocks; ++rb) {
-      if (!error.empty()) continue;
-      try {
+  // Inside the parallel region BLAS runs single-threaded on each thread.
+  const std::string error = repcap::cpu::for_each_block(
+      threads, row_blocks,
+      [&](int) { return at::empty({kTileRows * kTileCols}, a32.options()); },
+      [&](int t, int64_t rb, at::Tensor& tile) {
         const int64_t row0 = rb * kTileRows;
         const int64_t rows = std::min(kTileRows, m - row0);
         const at::Tensor a_block = a32.narrow(0, row0, rows);
@@ -140,12 +121,8 @@ StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_in
                                    self_pairs, a_inv_ptr, b_inv_ptr, spec, &counts[t],
                                    row_partials.data() + row0);
         }
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    }
-  }
-  for (const std::string& e : errors) TORCH_CHECK(e.empty(), "pairwise_cosine_stats (cpu): ", e);
+      });
+  TORCH_CHECK(error.empty(), "pairwise_cosine_stats (cpu): ", error);
 
   repcap::CosinePartial total = repcap::empty_partial();
   for (const repcap::CosinePartial& p : row_partials) repcap::merge_partial(&total, p);

@@ -16,16 +16,12 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <exception>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "cpu/gram_offdiag_penalty_cpu.h"
+#include "cpu/parallel_blocks.h"
 
 #ifdef REPCAP_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -69,37 +65,27 @@ void gram_offdiag_penalty_cpu_impl(const at::Tensor& x, int32_t p, bool with_gra
   const int64_t row_blocks = (k + kTileRows - 1) / kTileRows;
   const int threads = static_cast<int>(
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), row_blocks)));
-  std::vector<std::string> errors(static_cast<size_t>(threads));
-#pragma omp parallel num_threads(threads)
-  {
-#ifdef _OPENMP
-    const int t = omp_get_thread_num();
-#else
-    const int t = 0;
-#endif
-    std::string& error = errors[static_cast<size_t>(t)];
-    // Exceptions must not leave an OpenMP construct: each is caught where it is thrown and the
-    // thread skips its remaining blocks. Inside the parallel region BLAS runs single-threaded.
-    at::Tensor tile;
+  struct ThreadState {
+    at::Tensor tile;  // one Gram tile, reused
     std::vector<T> betas;
-    try {
-      tile = at::empty({kTileRows * kTileCols}, x.options());
-      betas.resize(static_cast<size_t>(kTileRows));
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t rb = 0; rb < row_blocks; ++rb) {
-      if (!error.empty()) continue;
-      try {
+  };
+  // Inside the parallel region BLAS runs single-threaded on each thread.
+  const std::string error = repcap::cpu::for_each_block(
+      threads, row_blocks,
+      [&](int) {
+        return ThreadState{at::empty({kTileRows * kTileCols}, x.options()),
+                           std::vector<T>(static_cast<size_t>(kTileRows))};
+      },
+      [&](int, int64_t rb, ThreadState& state) {
         const int64_t row0 = rb * kTileRows;
         const int64_t rows = std::min(kTileRows, k - row0);
         const at::Tensor x_rows = x.narrow(0, row0, rows);
         at::Tensor acc = with_grad ? grad_dir.narrow(0, row0, rows) : at::Tensor();
+        std::vector<T>& betas = state.betas;
         for (int64_t col0 = 0; col0 < k; col0 += kTileCols) {
           const int64_t cols = std::min(kTileCols, k - col0);
           const at::Tensor x_cols = x.narrow(0, col0, cols);
-          at::Tensor g = tile.narrow(0, 0, rows * cols).view({rows, cols});
+          at::Tensor g = state.tile.narrow(0, 0, rows * cols).view({rows, cols});
           at::mm_out(g, x_rows, x_cols.t());
           T* g_ptr = g.data_ptr<T>();
           bool rescale = false;
@@ -122,12 +108,8 @@ void gram_offdiag_penalty_cpu_impl(const at::Tensor& x, int32_t p, bool with_gra
           }
           acc.addmm_(g, x_cols);
         }
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    }
-  }
-  for (const std::string& e : errors) TORCH_CHECK(e.empty(), "gram_offdiag_penalty (cpu): ", e);
+      });
+  TORCH_CHECK(error.empty(), "gram_offdiag_penalty (cpu): ", error);
 }
 
 PenaltyTuple gram_offdiag_penalty_cpu(const at::Tensor& x, int64_t p, bool with_grad) {

@@ -29,6 +29,15 @@ def _no_backend_override(monkeypatch):
     monkeypatch.delenv("REPCAP_BACKEND", raising=False)
 
 
+def has_triton_nvidia_backend():
+    """Whether Triton can compile for NVIDIA GPUs here (its backend and ptxas are installed)."""
+    try:
+        import triton.backends.nvidia
+    except ImportError:
+        return False
+    return os.path.exists(os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin", "ptxas"))
+
+
 def cpu_backends():
     """Backends that run on CPU tensors here: the C++ kernel, Triton (interpreted) and torch."""
     out = ["cpu", "torch"]

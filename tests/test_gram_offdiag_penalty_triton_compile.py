@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from conftest import has_triton_nvidia_backend
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_SHARED = {90: 227 * 1024, 80: 163 * 1024}  # dynamic shared memory per block, H100/H200, A100
 
@@ -40,16 +42,8 @@ VARIANTS = [
 ]
 
 
-def _has_nvidia_backend():
-    try:
-        import triton.backends.nvidia  # noqa: F401
-    except ImportError:
-        return False
-    return os.path.exists(os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin", "ptxas"))
-
-
 triton = pytest.importorskip("triton")
-pytestmark = pytest.mark.skipif(not _has_nvidia_backend(), reason="triton has no NVIDIA backend here")
+pytestmark = pytest.mark.skipif(not has_triton_nvidia_backend(), reason="triton has no NVIDIA backend here")
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v[:8])))

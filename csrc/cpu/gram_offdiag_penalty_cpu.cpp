@@ -23,38 +23,31 @@ REPCAP_CLONES T row_abs_max(const T* g, int64_t cols) {
 }
 
 
-// Σ_j r_j^p over one tile row, and g_j ← sign(g_j)·r_j^(p-1) when write_weights, with
+// Σ_j r_j^p over one tile row, and g_j ← sign(g_j)·r_j^(p-1) when kWriteWeights, with
 // r_j = min(|g_j|·inv_max, 1). The tile-row sum (≤ 512 terms, each ≤ 1) is accumulated in T,
 // lane-wise, and merged into the row's float64 sum by the caller. Compiled for AVX-512, AVX2 and
 // the baseline. P > 0 fixes p at compile time (unrolled powers); P == 0 takes p at run time.
-template <typename T, int32_t P>
-REPCAP_CLONES T row_terms(T* g, int64_t cols, T inv_max, int32_t p, bool write_weights) {
+template <typename T, int32_t P, bool kWriteWeights>
+REPCAP_CLONES T row_terms(T* g, int64_t cols, T inv_max, int32_t p) {
   T sum = T(0);
-  if (write_weights) {
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < cols; ++j) {
-      PenaltyTerm<T> t;
-      if constexpr (P > 0) {
-        t = penalty_term_static<P>(g[j], inv_max);
-      } else {
-        t = penalty_term(g[j], inv_max, p);
-      }
-      sum += t.term;
-      g[j] = t.weight;
+  for (int64_t j = 0; j < cols; ++j) {
+    PenaltyTerm<T> t;
+    if constexpr (P > 0) {
+      t = penalty_term_static<P>(g[j], inv_max);
+    } else {
+      t = penalty_term(g[j], inv_max, p);
     }
-  } else {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < cols; ++j) {
-      PenaltyTerm<T> t;
-      if constexpr (P > 0) {
-        t = penalty_term_static<P>(g[j], inv_max);
-      } else {
-        t = penalty_term(g[j], inv_max, p);
-      }
-      sum += t.term;
-    }
+    sum += t.term;
+    if constexpr (kWriteWeights) g[j] = t.weight;
   }
   return sum;
+}
+
+template <typename T, int32_t P>
+T row_terms_for(T* g, int64_t cols, T inv_max, int32_t p, bool write_weights) {
+  return write_weights ? row_terms<T, P, true>(g, cols, inv_max, p)
+                       : row_terms<T, P, false>(g, cols, inv_max, p);
 }
 
 template <typename T>
@@ -62,7 +55,7 @@ T row_terms_dispatch(T* g, int64_t cols, T inv_max, int32_t p, bool write_weight
   switch (p) {
 #define REPCAP_PENALTY_CASE(N) \
   case N:                      \
-    return row_terms<T, N>(g, cols, inv_max, p, write_weights);
+    return row_terms_for<T, N>(g, cols, inv_max, p, write_weights);
     REPCAP_PENALTY_CASE(1)
     REPCAP_PENALTY_CASE(2)
     REPCAP_PENALTY_CASE(3)
@@ -85,7 +78,7 @@ T row_terms_dispatch(T* g, int64_t cols, T inv_max, int32_t p, bool write_weight
     REPCAP_PENALTY_CASE(20)
 #undef REPCAP_PENALTY_CASE
     default:
-      return row_terms<T, 0>(g, cols, inv_max, p, write_weights);
+      return row_terms_for<T, 0>(g, cols, inv_max, p, write_weights);
   }
 }
 
