@@ -436,8 +436,117 @@ def pga_profile(
     return out
 
 
+# ------------------------------------------------ diagnostics and baselines (the paper's)
+
+
+def _centered64(H, center: bool) -> torch.Tensor:
+    x = _as_float_matrix(H, "H").to(torch.float64)
+    return x - x.mean(dim=0, keepdim=True) if center else x
+
+
+def _singular_values(H, center: bool) -> torch.Tensor:
+    return torch.linalg.svdvals(_centered64(H, center))
+
+
+def direction_alignment(H, basis: torch.Tensor, m: int = 10) -> torch.Tensor:
+    """For each of the top m principal directions v of the centered H, the fraction ‖Bᵀv‖² of
+    the unit direction that lies in span(basis) (1: inside, 0: orthogonal; a random direction
+    keeps k/d on average). Returns (m,) float64."""
+    x = _centered64(H, True)
+    d = x.shape[1]
+    if basis.shape[0] != d:
+        raise ValueError(f"basis has d={basis.shape[0]} rows but H has d={d}")
+    b = check_orthonormal(basis).to(torch.float64)
+    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 1 <= m <= min(x.shape):
+        raise ValueError(f"m must be an int in [1, min(N, d) = {min(x.shape)}], got {m!r}")
+    _, _, vh = torch.linalg.svd(x, full_matrices=False)
+    return ((vh[:m] @ b) ** 2).sum(dim=1)
+
+
+def rankme(H, center: bool = False, eps: float = 1e-7) -> float:
+    """RankMe (Garrido et al., 2023): exp of the entropy of the normalized singular values
+    p_i = σ_i/Σσ + eps. Uses the singular values of H themselves, not their squares (the
+    eigenvalues of HᵀH), and H as given unless center=True. Between 1 and min(N, d)."""
+    s = _singular_values(H, center)
+    p = s / s.sum() + eps
+    return float(torch.exp(-(p * torch.log(p)).sum()))
+
+
+def alpha_req(H, center: bool = True, fit_range=None) -> float:
+    """α-ReQ (Agrawal et al., 2022): the decay exponent α of the covariance eigenspectrum,
+    λ_i ∝ i^(−α), by least squares of log λ_i on log i over the nonzero eigenvalues (or the
+    1-based index range `fit_range=(first, last)`, inclusive)."""
+    x = _centered64(H, center)
+    lam = torch.linalg.svdvals(x) ** 2 / max(1, x.shape[0] - 1)
+    idx = torch.arange(1, lam.numel() + 1, dtype=torch.float64)
+    keep = lam > lam[0] * 1e-12
+    if fit_range is not None:
+        first, last = (int(v) for v in fit_range)
+        if not 1 <= first < last <= lam.numel():
+            raise ValueError(f"fit_range must satisfy 1 <= first < last <= {lam.numel()}, got {fit_range!r}")
+        keep = keep & (idx >= first) & (idx <= last)
+    if int(keep.sum()) < 2:
+        raise ValueError("alpha_req needs at least two nonzero eigenvalues in the fit range")
+    lx, ly = torch.log(idx[keep]), torch.log(lam[keep])
+    lx_c = lx - lx.mean()
+    return float(-(lx_c @ (ly - ly.mean())) / (lx_c @ lx_c))
+
+
+def isotropy(H, center: bool = False) -> float:
+    """Partition-function isotropy (Mu & Viswanath, 2018): min_c Z(c) / max_c Z(c) with
+    Z(c) = Σ_i exp(cᵀh_i) over the eigenvectors c of HᵀH, in log space (no overflow). 1 is
+    perfectly isotropic, near 0 strongly anisotropic. H as given unless center=True."""
+    x = _centered64(H, center)
+    _, vecs = torch.linalg.eigh(x.T @ x)
+    log_z = torch.logsumexp(x @ vecs, dim=0)
+    return float(torch.exp(log_z.min() - log_z.max()))
+
+
+def condition_number(H, center: bool = True) -> float:
+    """σ_max/σ_min of H (centered by default), over min(N, d) singular values; inf when H is
+    rank-deficient."""
+    s = _singular_values(H, center)
+    return float(s[0] / s[-1]) if float(s[-1]) > 0 else float("inf")
+
+
+def cross_model_agreement(H_a, H_b, basis_a: torch.Tensor, basis_b: torch.Tensor, *, n_null: int = 20,
+                          ccr: int = 1, seed: int = 0) -> dict:
+    """Spearman between two models' pair distances on the same N tokens (rows aligned):
+    in each model's readout subspace (H_a on basis_a, H_b on basis_b), in the full spaces, and
+    in random subspaces of the same dimensions (n_null draws per model, seeded; mean and sample
+    std of the ρ's). Both are centered with CCR-`ccr` first."""
+    xa, _ = center_and_ccr(H_a, ccr)
+    xb, _ = center_and_ccr(H_b, ccr)
+    if xa.shape[0] != xb.shape[0]:
+        raise ValueError(f"H_a and H_b must hold the same tokens: N={xa.shape[0]} vs N={xb.shape[0]}")
+    if xa.shape[0] < 3:
+        raise ValueError(f"need N >= 3 tokens, got {xa.shape[0]}")
+    ba = _readout_from(None, basis_a, 1, "hf", xa.shape[1])
+    bb = _readout_from(None, basis_b, 1, "hf", xb.shape[1])
+    if isinstance(n_null, bool) or not isinstance(n_null, (int, np.integer)) or n_null < 2:
+        raise ValueError(f"n_null must be an int >= 2, got {n_null!r}")
+
+    def rho(pa, pb):
+        return _pearson(average_ranks(_condensed_cosine_distances(pa, "H_a")),
+                        average_ranks(_condensed_cosine_distances(pb, "H_b")))
+
+    null_a = grassmann_bases(xa.shape[1], ba.shape[1], n_null, seed)
+    null_b = grassmann_bases(xb.shape[1], bb.shape[1], n_null, seed + 1)
+    rand = np.array([rho(xa @ null_a[i], xb @ null_b[i]) for i in range(n_null)])
+    return {
+        "readout": rho(xa @ ba, xb @ bb),
+        "full": rho(xa, xb),
+        "random_mean": float(rand.mean()),
+        "random_std": float(rand.std(ddof=1)),
+        "random": rand.tolist(),
+        "n_tokens": int(xa.shape[0]),
+        "ccr": int(ccr),
+    }
+
+
 __all__ = [
-    "CCRResult", "PGAResult", "ReadoutBasis", "average_ranks", "center_and_ccr", "check_orthonormal",
-    "grassmann_bases", "pairwise_cosine_distances", "pga_profile", "readout_basis", "spearman",
-    "subspace_pga",
+    "CCRResult", "PGAResult", "ReadoutBasis", "alpha_req", "average_ranks", "center_and_ccr",
+    "check_orthonormal", "condition_number", "cross_model_agreement", "direction_alignment",
+    "grassmann_bases", "isotropy", "pairwise_cosine_distances", "pga_profile", "rankme",
+    "readout_basis", "spearman", "subspace_pga",
 ]

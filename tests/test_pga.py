@@ -248,3 +248,51 @@ def test_real_model_gives_a_finite_z_per_layer(minilm_hidden_states):
     zs = [r.z for r in prof[1]]
     assert all(math.isfinite(z) for z in zs), zs
     assert all(-1 <= r.rho_readout <= 1 and r.null_std > 0 for r in prof[1])
+
+
+def test_direction_alignment_finds_the_planted_subspace():
+    h, w = planted()
+    basis = pga.readout_basis(w, 4).basis
+    al = pga.direction_alignment(h, basis, m=6)
+    assert al.shape == (6,)
+    assert float(al[:4].min()) > 0.99  # the top 4 principal directions lie in the readout span
+    assert float(al[4:].max()) < 0.05
+    h2, _ = planted(dominant=40.0)
+    assert float(pga.direction_alignment(h2, basis, m=1)[0]) < 0.01  # the dominant one is orthogonal
+
+
+def test_spectral_metrics_on_known_spectra():
+    r = rng(3)
+    q, _ = np.linalg.qr(r.standard_normal((40, 40)))
+    u, _ = np.linalg.qr(r.standard_normal((500, 40)))
+    # Singular values σ_i = i^(-1) → covariance eigenvalues ∝ i^(-2): α-ReQ = 2.
+    s = 1.0 / np.arange(1, 41)
+    h = torch.from_numpy((u * s) @ q.T)
+    assert pga.alpha_req(h, center=False) == pytest.approx(2.0, abs=1e-9)
+    assert pga.condition_number(h, center=False) == pytest.approx(40.0, rel=1e-9)
+    p = s / s.sum() + 1e-7
+    assert pga.rankme(h) == pytest.approx(float(np.exp(-(p * np.log(p)).sum())), rel=1e-9)
+    flat = torch.from_numpy(u @ q.T)  # all σ equal
+    pf = np.full(40, 1 / 40) + 1e-7
+    assert pga.rankme(flat) == pytest.approx(float(np.exp(-(pf * np.log(pf)).sum())), rel=1e-9)  # ≈ 40
+    assert pga.rankme(flat) == pytest.approx(40.0, rel=2e-5)
+    assert pga.condition_number(flat, center=False) == pytest.approx(1.0, rel=1e-9)
+    # isotropy: a symmetric cloud (±x) is near 1; a cloud shifted along one axis is far below
+    sym = torch.from_numpy(np.vstack([u, -u]) @ q.T * 3)
+    assert pga.isotropy(sym) > 0.9
+    assert pga.isotropy(sym + 5.0 * torch.from_numpy(q[:, 0])) == pytest.approx(math.exp(-5.0), rel=0.05)
+
+
+def test_cross_model_agreement():
+    h, w = planted(n=60)
+    r = rng(9)
+    rot, _ = np.linalg.qr(r.standard_normal((64, 64)))
+    h_b = h @ torch.from_numpy(rot)  # the same geometry in a rotated basis
+    w_b = w @ torch.from_numpy(rot)
+    ba, bb = pga.readout_basis(w, 4).basis, pga.readout_basis(w_b, 4).basis
+    res = pga.cross_model_agreement(h, h_b, ba, bb, n_null=6, ccr=0)
+    assert res["full"] == pytest.approx(1.0, abs=1e-12)
+    assert res["readout"] == pytest.approx(1.0, abs=1e-9)
+    assert res["random_mean"] < res["readout"]
+    with pytest.raises(ValueError, match="same tokens"):
+        pga.cross_model_agreement(h, h_b[:50], ba, bb)
