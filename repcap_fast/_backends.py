@@ -17,7 +17,9 @@ import torch
 
 BACKENDS = ("cuda", "triton", "cpu", "torch")
 BACKEND_ENV = "REPCAP_BACKEND"
-OPS = ("pairwise_cosine_stats", "gram_offdiag_penalty")
+OPS = ("pairwise_cosine_stats", "gram_offdiag_penalty", "subspace_pga")
+# Ops that do not have every backend yet: the ones they have.
+OP_BACKENDS = {"subspace_pga": ("cpu", "torch")}
 
 _BUILD_HINT = (
     "Build it with `pip install --no-build-isolation -e .` from the repcap_fast checkout "
@@ -124,8 +126,11 @@ def resolve_backend(backend: Optional[str], device: torch.device, op: str = "", 
         requested, source = os.environ[BACKEND_ENV].strip(), f"{BACKEND_ENV}"
     if requested != "auto" and requested not in BACKENDS:
         raise ValueError(f"{source} must be one of {('auto',) + BACKENDS}, got {requested!r}")
+    allowed = OP_BACKENDS.get(op, BACKENDS)
+    if requested != "auto" and requested not in allowed:
+        raise RuntimeError(f"{op}: {source}={requested!r} is not implemented yet for this op (it has {allowed})")
     if requested == "auto":
-        for name in _auto_order(device):
+        for name in (n for n in _auto_order(device) if n in allowed):
             if _unavailable_reason(name, device) is None:
                 return name
         module, err = _compiled()

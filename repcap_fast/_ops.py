@@ -26,3 +26,12 @@ if _C is not None:
             x.new_empty(k, dtype=torch.float64),
             x.new_empty((k, d)) if with_grad else x.new_empty(0),
         )
+
+    @torch.library.register_fake("repcap_fast::subspace_pga_ranks")
+    def _subspace_pga_ranks_fake(x):
+        n = x.shape[0]
+        return x.new_empty(n * (n - 1) // 2, dtype=torch.float64)
+
+    @torch.library.register_fake("repcap_fast::subspace_pga_rhos")
+    def _subspace_pga_rhos_fake(x, bases, ref_ranks):
+        return x.new_empty(bases.shape[0], dtype=torch.float64)

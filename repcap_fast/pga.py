@@ -88,21 +88,44 @@ def _fix_signs(q: torch.Tensor) -> torch.Tensor:
 def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, device="cpu") -> torch.Tensor:
     """n orthonormal d×k bases drawn uniformly from the Grassmannian: QR of a standard Gaussian
     d×k matrix with the signs fixed (R's diagonal made positive, which makes Q Haar-distributed).
-    Drawn in float64 on the CPU from a seeded generator, so a seed gives the same bases on every
-    device. Returns (n, d, k)."""
+    Drawn on the CPU from a seeded generator (float32 normals, orthonormalized in float64), so a
+    seed gives the same bases on every device. Returns (n, d, k), float64 by default."""
     for name, v, lo in (("d", d, 2), ("n", n, 1)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
     k = _check_k(k, int(d))
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    out = torch.empty(int(n), int(d), k, dtype=torch.float64)
-    for b in range(int(n)):
-        g = torch.randn(int(d), k, generator=gen, dtype=torch.float64)
-        q, r = torch.linalg.qr(g)
-        s = torch.sign(torch.diagonal(r))
-        s[s == 0] = 1.0
-        out[b] = q * s
+    # float32 normals (torch's float64 sampler is ~5x slower), orthonormalized in float64
+    g = torch.randn(int(n), int(d), k, generator=gen, dtype=torch.float32).to(torch.float64)
+    out = _orthonormalize(g)
     return out.to(device=device, dtype=dtype)
+
+
+def _orthonormalize(g: torch.Tensor) -> torch.Tensor:
+    """Q of the QR factorization G = QR with R's diagonal positive, for a batch of d×k matrices.
+
+    CholeskyQR2 (R from the Cholesky factor of GᵀG, applied twice) is the same factorization
+    and runs as batched GEMMs; it is used when it is accurate (well-conditioned G, always the
+    case for Gaussian G with k ≤ d/2), else Householder QR with the signs fixed."""
+    k = g.shape[-1]
+    if 2 * k <= g.shape[-2]:
+        q = g
+        ok = True
+        for _ in range(2):
+            chol, info = torch.linalg.cholesky_ex(q.transpose(-2, -1) @ q)
+            if bool((info != 0).any()):
+                ok = False
+                break
+            eye_k = torch.eye(k, dtype=g.dtype, device=g.device).expand_as(chol)
+            chol_inv = torch.linalg.solve_triangular(chol, eye_k, upper=False)  # k×k: cheap
+            q = q @ chol_inv.transpose(-2, -1)  # G R⁻¹ with R = Lᵀ, as one batched GEMM
+        eye = torch.eye(k, dtype=g.dtype, device=g.device)
+        if ok and float((q.transpose(-2, -1) @ q - eye).abs().max()) < 1e-13:
+            return q
+    q, r = torch.linalg.qr(g)
+    s = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))
+    s[s == 0] = 1.0
+    return q * s[..., None, :]
 
 
 def _check_k(k, d: int) -> int:
@@ -138,10 +161,24 @@ class CCRResult(NamedTuple):
     removed: torch.Tensor
 
 
+def _top_right_singular_vectors(x: torch.Tensor, m: int) -> torch.Tensor:
+    """The top-m right singular vectors of x (d×m, float64), through the smaller Gram matrix:
+    eigenvectors of xᵀx (d×d), or xᵀu/σ from those of x xᵀ (N×N) when N < d."""
+    n, d = x.shape
+    if d <= n:
+        _, vecs = torch.linalg.eigh(x.T @ x)
+        return vecs[:, -m:].flip(1)
+    evals, u = torch.linalg.eigh(x @ x.T)
+    u, sigma = u[:, -m:].flip(1), evals[-m:].flip(0).clamp_min(0).sqrt()
+    v = x.T @ u / torch.where(sigma > 0, sigma, torch.ones_like(sigma))
+    return v / torch.linalg.vector_norm(v, dim=0, keepdim=True).clamp_min(1e-300)
+
+
 def center_and_ccr(H, m: int = 1) -> CCRResult:
     """Subtracts the token mean and removes the top m principal components (CCR-m), in float64.
 
-    The directions are the top-m right singular vectors of the centered H; m = 0 only centers.
+    The directions are the top-m right singular vectors of the centered H (eigenvectors of its
+    smaller Gram matrix, in float64); m = 0 only centers.
     """
     H = _as_float_matrix(H, "H")
     N, d = H.shape
@@ -153,8 +190,7 @@ def center_and_ccr(H, m: int = 1) -> CCRResult:
     x = x - x.mean(dim=0, keepdim=True)
     if m == 0:
         return CCRResult(x, x.new_zeros(0, d))
-    _, _, vh = torch.linalg.svd(x, full_matrices=False)
-    removed = _fix_signs(vh[:m].T).T.contiguous()
+    removed = _fix_signs(_top_right_singular_vectors(x, m)).T.contiguous()
     x = x - (x @ removed.T) @ removed
     return CCRResult(x, removed)
 
@@ -291,7 +327,7 @@ def _readout_from(W_U, basis, k: int, layout: str, d: int) -> torch.Tensor:
     return readout_basis(W, k, layout).basis
 
 
-def _check_common(H, k, n_null, method, backend):
+def _check_common(H, k, n_null, method):
     H = _as_float_matrix(H, "H")
     N, d = H.shape
     if N < 3:
@@ -300,15 +336,10 @@ def _check_common(H, k, n_null, method, backend):
         raise ValueError(f"n_null must be an int >= 2 (the null std needs two), got {n_null!r}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if backend not in ("auto", "torch"):
-        raise ValueError(
-            f"subspace_pga: backend={backend!r} is not available: only the float64 reference "
-            "('torch', also what 'auto' runs) is implemented so far"
-        )
     return H, N, d
 
 
-def _subspace_rhos(x: torch.Tensor, d_full_ranks: torch.Tensor, bases: torch.Tensor, progress=None) -> List[float]:
+def _subspace_rhos_torch(x: torch.Tensor, d_full_ranks: torch.Tensor, bases: torch.Tensor, progress=None) -> List[float]:
     """Spearman(d_full, d_S) for each basis S (b, d, k): the per-subspace loop of the reference."""
     rhos = []
     for b in range(bases.shape[0]):
@@ -318,6 +349,33 @@ def _subspace_rhos(x: torch.Tensor, d_full_ranks: torch.Tensor, bases: torch.Ten
         rhos.append(_pearson(d_full_ranks, ranks))
         if progress is not None:
             progress.update(1)
+    return rhos
+
+
+def _kernel_dtype(H: torch.Tensor) -> torch.dtype:
+    return torch.float64 if H.dtype == torch.float64 else torch.float32
+
+
+def _batch_size(batch, n_tokens: int, n_bases: int) -> int:
+    if batch is None:
+        return max(1, min(n_bases, 16))
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1 (subspaces per kernel call), got {batch!r}")
+    return int(batch)
+
+
+def _subspace_rhos_cpu(x, bases, batch, progress=None):
+    """(full-space ranks, ρ per basis) from the fused C++ kernel, `batch` subspaces per call."""
+    ref = torch.ops.repcap_fast.subspace_pga_ranks(x)
+    rhos = []
+    for b0 in range(0, bases.shape[0], batch):
+        chunk = bases[b0 : b0 + batch].to(x.dtype).contiguous()
+        rhos.extend(torch.ops.repcap_fast.subspace_pga_rhos(x, chunk, ref).tolist())
+        if progress is not None:
+            progress.update(chunk.shape[0])
+    for b, r in enumerate(rhos):
+        if math.isnan(r):
+            raise ValueError(f"H projected on subspace {b} has zero-norm rows; cosine distance is undefined")
     return rhos
 
 
@@ -346,13 +404,22 @@ def subspace_pga(
         n_null: number of random subspaces (≥ 2), drawn with `grassmann_bases(d, k, n_null, seed)`.
         ccr: principal components removed after centering (0 ≤ ccr < min(N, d)).
         method: "exact" (average ranks over all N(N−1)/2 pairs).
-        batch: subspaces per batch for the fused kernels (unused by the reference).
-        backend: "auto" or "torch" (the float64 reference, a per-subspace loop).
+        batch: subspaces per call of the fused kernel (default 16; progress is reported per
+            batch). Memory does not grow with it: each CPU thread works on one subspace at a
+            time, holding 2·(4 + 4)·N(N−1)/2 bytes of keys and pair indices (float32; 24 B per
+            pair for float64 H) and a 256×N tile.
+        backend: "auto" ("cpu" for CPU tensors, else "torch"), "cpu" (the fused C++ kernel:
+            projection, distance keys, radix sort, tie-aware ranks and their correlation, in
+            float32, or float64 for float64 H), or "torch" (the float64 reference, a
+            per-subspace loop). "cuda" and "triton" are not implemented yet.
         progress: a bar over the subspaces (default: on when N(N−1)/2·(n_null+1) ≥ 2e8).
 
     Returns a PGAResult (z, rho_readout, null_rhos, null_mean, null_std with ddof = 1, n_pairs).
     """
-    H, N, d = _check_common(H, k, n_null, method, backend)
+    H, N, d = _check_common(H, k, n_null, method)
+    from ._backends import resolve_backend
+
+    name = resolve_backend(backend, H.device, "subspace_pga")
     readout = _readout_from(W_U, basis, k, layout, d)
     k = int(readout.shape[1])
     x, _ = center_and_ccr(H, ccr)
@@ -363,7 +430,6 @@ def subspace_pga(
             f"H has {n_zero} zero-norm rows after centering and CCR-{ccr} (an all-constant layer, "
             "or tokens equal to the mean); their cosine distance is undefined"
         )
-    d_full_ranks = average_ranks(_condensed_cosine_distances(x, "H"))
     nulls = grassmann_bases(d, k, n_null, seed, device=x.device)
     n_pairs = N * (N - 1) // 2
     show = progress if progress is not None else n_pairs * (n_null + 1) >= 2e8
@@ -373,8 +439,15 @@ def subspace_pga(
 
         bar = tqdm(total=n_null + 1, desc="subspace PGA", unit=" subspace", leave=False)
     try:
-        rho_readout = _subspace_rhos(x, d_full_ranks, readout.to(x.device)[None], bar)[0]
-        null_rhos = _subspace_rhos(x, d_full_ranks, nulls, bar)
+        if name == "cpu":
+            bases = torch.cat([readout.to(x.device)[None], nulls])
+            xk = x.to(_kernel_dtype(H)).contiguous()
+            rhos = _subspace_rhos_cpu(xk, bases, _batch_size(batch, N, n_null + 1), bar)
+            rho_readout, null_rhos = rhos[0], rhos[1:]
+        else:
+            d_full_ranks = average_ranks(_condensed_cosine_distances(x, "H"))
+            rho_readout = _subspace_rhos_torch(x, d_full_ranks, readout.to(x.device)[None], bar)[0]
+            null_rhos = _subspace_rhos_torch(x, d_full_ranks, nulls, bar)
     finally:
         if bar is not None:
             bar.close()
@@ -385,9 +458,11 @@ def subspace_pga(
     return PGAResult(
         z=float(z), rho_readout=float(rho_readout), null_rhos=[float(r) for r in null_rhos],
         null_mean=null_mean, null_std=null_std, n_pairs=n_pairs, n_tokens=N, d=d, k=k,
-        n_null=int(n_null), ccr=int(ccr), seed=int(seed), method=method, backend="torch",
+        n_null=int(n_null), ccr=int(ccr), seed=int(seed), method=method, backend=name,
         settings={"layout": layout, "readout": "basis" if basis is not None else "W_U",
-                  "ranks": "average (ties)", "distances": "cosine, float64"},
+                  "ranks": "average (ties)",
+                  "distances": "cosine, float64" if name == "torch" or H.dtype == torch.float64
+                  else "cosine, float32 (projection and dot products)"},
     )
 
 

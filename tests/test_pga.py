@@ -140,12 +140,12 @@ def test_subspace_pga_is_repeatable_and_takes_bfloat16():
     assert a.to_dict() == pga.subspace_pga(h, w, k=4, n_null=10, seed=7).to_dict()
     assert a.z != pga.subspace_pga(h, w, k=4, n_null=10, seed=8).z
     hb = h.bfloat16()
-    b = pga.subspace_pga(hb, w, k=4, n_null=10, seed=7)
-    ref = pga.subspace_pga(hb.double(), w, k=4, n_null=10, seed=7)  # the same rounded values
+    b = pga.subspace_pga(hb, w, k=4, n_null=10, seed=7, backend="torch")
+    ref = pga.subspace_pga(hb.double(), w, k=4, n_null=10, seed=7, backend="torch")  # same values
     assert b.z == ref.z
 
 
-def planted(seed=0, n=120, d=64, k=4, dominant=0.0):
+def planted(seed=0, n=120, d=64, k=8, dominant=0.0):
     """W_U whose top-k right singular subspace is span(Q); H whose pair structure lives in
     span(Q), plus optionally a dominant direction u orthogonal to it."""
     r = rng(seed)
@@ -160,23 +160,23 @@ def planted(seed=0, n=120, d=64, k=4, dominant=0.0):
 
 def test_planted_structure_in_the_readout_subspace_gives_large_z():
     h, w = planted()
-    res = pga.subspace_pga(h, w, k=4, n_null=30, ccr=0)
+    res = pga.subspace_pga(h, w, k=8, n_null=30, ccr=0)
     assert res.rho_readout > 0.95
     assert res.z > 4  # p < 1e-4 under a normal null
 
 
 def test_planted_orthogonal_dominant_direction_masks_then_ccr_recovers():
     h, w = planted(dominant=40.0)
-    masked = pga.subspace_pga(h, w, k=4, n_null=30, ccr=0)
+    masked = pga.subspace_pga(h, w, k=8, n_null=30, ccr=0)
     assert masked.z <= 0
-    recovered = pga.subspace_pga(h, w, k=4, n_null=30, ccr=1)
+    recovered = pga.subspace_pga(h, w, k=8, n_null=30, ccr=1)
     assert recovered.z > 4
 
 
 def test_pga_profile_runs_every_layer_and_ccr():
     h1, w = planted(seed=1)
     h2, _ = planted(seed=1, dominant=40.0)  # the same W_U, plus a dominant orthogonal direction
-    prof = pga.pga_profile([h1, h2], w, k=4, n_null=8, ccrs=(0, 1), progress=False)
+    prof = pga.pga_profile([h1, h2], w, k=8, n_null=8, ccrs=(0, 1), progress=False)
     assert set(prof) == {0, 1} and all(len(v) == 2 for v in prof.values())
     assert prof[0][0].z > 0 and prof[0][1].z <= 0 and prof[1][1].z > 0
 
@@ -198,12 +198,14 @@ W_OK = torch.randn(50, 8)
     (lambda: pga.subspace_pga(torch.ones(20, 8), W_OK, k=2, ccr=0), "zero-norm rows after centering"),
     (lambda: pga.subspace_pga(H_OK, W_OK, k=2, ccr=8), "ccr must be < min"),
     (lambda: pga.subspace_pga(H_OK, W_OK, k=2, method="stream"), "method must be"),
-    (lambda: pga.subspace_pga(H_OK, W_OK, k=2, backend="cpu"), "not available"),
+    (lambda: pga.subspace_pga(H_OK, W_OK, k=2, backend="cuda"), "not implemented yet"),
+    (lambda: pga.subspace_pga(H_OK, W_OK, k=2, backend="triton"), "not implemented yet"),
+    (lambda: pga.subspace_pga(H_OK, W_OK, k=2, backend="cpu", batch=0), "batch must be"),
     (lambda: pga.readout_basis(W_OK, 2, layout="xx"), "layout must be"),
     (lambda: pga.grassmann_bases(8, 8, 3), "k < d"),
 ])
 def test_bad_input_names_the_argument(call, match):
-    with pytest.raises((ValueError, TypeError), match=match):
+    with pytest.raises((ValueError, TypeError, RuntimeError), match=match):
         call()
 
 
@@ -252,11 +254,11 @@ def test_real_model_gives_a_finite_z_per_layer(minilm_hidden_states):
 
 def test_direction_alignment_finds_the_planted_subspace():
     h, w = planted()
-    basis = pga.readout_basis(w, 4).basis
-    al = pga.direction_alignment(h, basis, m=6)
-    assert al.shape == (6,)
-    assert float(al[:4].min()) > 0.99  # the top 4 principal directions lie in the readout span
-    assert float(al[4:].max()) < 0.05
+    basis = pga.readout_basis(w, 8).basis
+    al = pga.direction_alignment(h, basis, m=10)
+    assert al.shape == (10,)
+    assert float(al[:8].min()) > 0.99  # the top 8 principal directions lie in the readout span
+    assert float(al[8:].max()) < 0.05
     h2, _ = planted(dominant=40.0)
     assert float(pga.direction_alignment(h2, basis, m=1)[0]) < 0.01  # the dominant one is orthogonal
 
@@ -289,10 +291,89 @@ def test_cross_model_agreement():
     rot, _ = np.linalg.qr(r.standard_normal((64, 64)))
     h_b = h @ torch.from_numpy(rot)  # the same geometry in a rotated basis
     w_b = w @ torch.from_numpy(rot)
-    ba, bb = pga.readout_basis(w, 4).basis, pga.readout_basis(w_b, 4).basis
+    ba, bb = pga.readout_basis(w, 8).basis, pga.readout_basis(w_b, 8).basis
     res = pga.cross_model_agreement(h, h_b, ba, bb, n_null=6, ccr=0)
     assert res["full"] == pytest.approx(1.0, abs=1e-12)
     assert res["readout"] == pytest.approx(1.0, abs=1e-9)
     assert res["random_mean"] < res["readout"]
     with pytest.raises(ValueError, match="same tokens"):
         pga.cross_model_agreement(h, h_b[:50], ba, bb)
+
+
+BACKENDS = ["cpu", "torch"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n,d,k,ccr", [(3, 5, 2, 0), (41, 16, 3, 1), (97, 33, 5, 2), (300, 64, 7, 1)])
+def test_cpu_kernel_matches_reference(n, d, k, ccr, dtype):
+    r = rng(7 * n + d)
+    h = torch.from_numpy(r.standard_normal((n, d)) @ r.standard_normal((d, d))).to(dtype)
+    w = torch.from_numpy(r.standard_normal((150, d)))
+    ref = pga.subspace_pga(h, w, k=k, n_null=9, ccr=ccr, seed=2, backend="torch")
+    got = pga.subspace_pga(h, w, k=k, n_null=9, ccr=ccr, seed=2, backend="cpu", batch=4)
+    assert got.backend == "cpu"
+    # float64 H: the same float64 distances, so the same ranks; otherwise float32 distances.
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    assert got.rho_readout == pytest.approx(ref.rho_readout, abs=tol)
+    np.testing.assert_allclose(got.null_rhos, ref.null_rhos, atol=tol)
+    assert got.z == pytest.approx(ref.z, rel=1e-9 if dtype == torch.float64 else 1e-4, abs=1e-6)
+
+
+def test_cpu_kernel_ties_and_determinism():
+    r = rng(11)
+    base = r.standard_normal((30, 12))
+    h = torch.from_numpy(np.vstack([base, base[:10], 2 * base[:5]]))  # repeated tokens: tied distances
+    w = torch.from_numpy(r.standard_normal((80, 12)))
+    ref = pga.subspace_pga(h, w, k=3, n_null=6, ccr=0, backend="torch")
+    a = pga.subspace_pga(h, w, k=3, n_null=6, ccr=0, backend="cpu")
+    b = pga.subspace_pga(h, w, k=3, n_null=6, ccr=0, backend="cpu")
+    assert a.to_dict() == b.to_dict()
+    # repeated tokens tie only up to rounding (float32 here), which may split a tie: ~1e-6
+    np.testing.assert_allclose([a.rho_readout, *a.null_rhos], [ref.rho_readout, *ref.null_rhos], atol=5e-6)
+
+
+def test_cpu_ranks_op_matches_scipy_rankdata():
+    r = rng(4)
+    # scaled one-hot rows: every distance is exactly 0 or 1 in any arithmetic, so massive ties
+    h = np.zeros((60, 5))
+    h[np.arange(60), r.integers(0, 5, 60)] = r.integers(1, 4, 60)
+    ranks = torch.ops.repcap_fast.subspace_pga_ranks(torch.from_numpy(h))
+    np.testing.assert_array_equal(ranks.numpy(), rankdata(pdist(h, "cosine")))
+    x = r.standard_normal((70, 6))  # no ties
+    ranks = torch.ops.repcap_fast.subspace_pga_ranks(torch.from_numpy(x))
+    np.testing.assert_array_equal(ranks.numpy(), rankdata(pdist(x, "cosine")))
+
+
+def test_zero_projection_is_an_error_on_every_backend():
+    half = np.zeros((6, 6))
+    half[:, :3] = rng(5).integers(-3, 4, (6, 3))  # integers: the centering is exact
+    half[0] = [0, 0, 0, 1.0, 0, 0]  # token 0 lies outside span(e0, e1, e2)
+    h = torch.from_numpy(np.vstack([half, -half]))  # ± pairs: centering changes nothing
+    basis = torch.eye(6, dtype=torch.float64)[:, :3]
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match="zero-norm rows"):
+            pga.subspace_pga(h, basis=basis, n_null=3, ccr=0, backend=backend)
+
+
+def test_auto_uses_the_cpu_kernel(minilm_hidden_states):
+    layers, w_u = minilm_hidden_states
+    auto = pga.subspace_pga(layers[3], w_u, k=32, n_null=8)
+    ref = pga.subspace_pga(layers[3], w_u, k=32, n_null=8, backend="torch")
+    assert auto.backend == "cpu"
+    assert auto.z == pytest.approx(ref.z, rel=1e-4)  # the backends agree on real hidden states
+    np.testing.assert_allclose(auto.null_rhos, ref.null_rhos, atol=2e-6)
+
+
+def test_ops_pass_opcheck():
+    x = torch.randn(20, 6)
+    ranks = torch.ops.repcap_fast.subspace_pga_ranks(x)
+    bases = pga.grassmann_bases(6, 2, 3, seed=0).float()
+    torch.library.opcheck(torch.ops.repcap_fast.subspace_pga_ranks.default, (x,))
+    torch.library.opcheck(torch.ops.repcap_fast.subspace_pga_rhos.default, (x, bases, ranks))
+
+
+def test_info_reports_the_pga_backends():
+    import repcap_fast as rf
+
+    ops = rf.info()["ops"]["subspace_pga"]
+    assert ops["cpu"] == "cpu" and ops["cuda"] == "torch"

@@ -1,0 +1,120 @@
+"""Benchmark of subspace_pga: the fused CPU kernel against a plain loop over
+scipy.stats.spearmanr (with scipy's pdist) and against the float64 torch reference, in one run,
+as ratios, with peak extra memory (fresh process per variant).
+
+    python -m pytest bench/bench_pga.py -s          # CPU: N=1024, d=512, k=64, 100 nulls
+
+Results: a table printed last and JSON under bench/results/ (REPCAP_BENCH_OUT overrides).
+REPCAP_BENCH_SMOKE=1 shrinks the sizes.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from repcap_fast import pga
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SMOKE = os.environ.get("REPCAP_BENCH_SMOKE") == "1"
+OUT_DIR = os.environ.get("REPCAP_BENCH_OUT", os.path.join(HERE, "results"))
+N, D, K, NULLS = (256, 128, 16, 20) if SMOKE else (1024, 512, 64, 100)
+RESULTS = {}
+
+
+def make_inputs():
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(N, D, generator=g) @ (torch.randn(D, D, generator=g) / D**0.5)
+    w = torch.randn(4 * D, D, generator=g)
+    return h, w
+
+
+def scipy_loop(h, w):
+    """What a user writes with SciPy: CCR-1, then pdist + spearmanr per subspace."""
+    from scipy.spatial.distance import pdist
+    from scipy.stats import spearmanr
+
+    x = h.double().numpy()
+    x = x - x.mean(0)
+    _, _, vt = np.linalg.svd(x, full_matrices=False)
+    x = x - x @ vt[:1].T @ vt[:1]
+    basis = pga.readout_basis(w, K).basis.numpy()
+    nulls = pga.grassmann_bases(D, K, NULLS, seed=0).numpy()
+    full = pdist(x, "cosine")
+    rho = lambda b: spearmanr(full, pdist(x @ b, "cosine")).statistic  # noqa: E731
+    null = np.array([rho(b) for b in nulls])
+    return (rho(basis) - null.mean()) / null.std(ddof=1)
+
+
+def run(variant, h, w):
+    if variant == "scipy_loop":
+        return scipy_loop(h, w)
+    backend = {"cpu_kernel": "cpu", "torch_reference": "torch"}[variant]
+    return pga.subspace_pga(h, w, k=K, n_null=NULLS, ccr=1, seed=0, backend=backend, progress=False).z
+
+
+def memory(variant):
+    code = f"""
+import json, sys
+sys.path.insert(0, {HERE!r})
+import bench_pga as b
+h, w = b.make_inputs()
+def hwm():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM'):
+            return int(line.split()[1]) * 1024
+open('/proc/self/clear_refs', 'w').write('5')
+base = hwm()
+b.run({variant!r}, h, w)
+print(json.dumps({{"peak_extra_bytes": hwm() - base}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        return {"peak_extra_bytes": None, "memory_error": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return make_inputs()
+
+
+@pytest.mark.parametrize("variant", ["cpu_kernel", "torch_reference", "scipy_loop"])
+def test_cpu(benchmark, inputs, variant):
+    h, w = inputs
+    z = run(variant, h, w)  # warm-up
+    rounds = 3 if variant == "cpu_kernel" else 1
+    benchmark.pedantic(lambda: run(variant, h, w), rounds=rounds, iterations=1, warmup_rounds=0)
+    st = benchmark.stats.stats
+    RESULTS[variant] = {"seconds": st.median, "min_seconds": st.min, "rounds": rounds, "z": float(z),
+                        **memory(variant)}
+
+
+def teardown_module(module):
+    if not RESULTS:
+        return
+    ratios = {}
+    if "cpu_kernel" in RESULTS:
+        for other in ("scipy_loop", "torch_reference"):
+            if other in RESULTS:
+                ratios[f"{other}_over_cpu_kernel"] = RESULTS[other]["seconds"] / RESULTS["cpu_kernel"]["seconds"]
+    payload = {"op": "subspace_pga (CCR-1, readout + nulls)", "N": N, "d": D, "k": K, "n_null": NULLS,
+               "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+               "device": f"CPU, {os.cpu_count()} cores", "smoke": SMOKE, "results": RESULTS, "ratios": ratios}
+    os.makedirs(OUT_DIR, exist_ok=True)
+    path = os.path.join(OUT_DIR, f"pga_cpu{'_smoke' if SMOKE else ''}.json")
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+    print(f"\n== subspace_pga cpu: N={N}, d={D}, k={K}, {NULLS} nulls ==")
+    for name, r in RESULTS.items():
+        mem = r.get("peak_extra_bytes")
+        mem_s = f"{mem / 2**20:8.1f} MiB" if mem is not None else "n/a"
+        print(f"{name:<16} {r['seconds']:9.3f} s   z={r['z']:.6f}   peak extra {mem_s}")
+    for name, v in ratios.items():
+        print(f"{name:<34} {v:.1f}x")
+    print(f"wrote {path}")

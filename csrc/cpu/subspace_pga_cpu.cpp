@@ -1,0 +1,111 @@
+#include "subspace_pga_cpu.h"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+#include <vector>
+
+namespace repcap {
+namespace cpu {
+
+template <typename T>
+void write_distance_keys(const T* dots, int64_t ld, int64_t rows, int64_t cols, int64_t row0,
+                         int64_t col0, int64_t n, typename KeyFor<T>::type* keys) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = row0 + r;
+    const int64_t first = std::max<int64_t>(0, i + 1 - col0);  // columns j > i
+    if (first >= cols) continue;
+    // The pairs (i, j), j = col0+first.., are consecutive in condensed order.
+    typename KeyFor<T>::type* out = keys + condensed_pair_index(i, col0 + first, n);
+    const T* row = dots + r * ld;
+    for (int64_t c = first; c < cols; ++c) out[c - first] = sortable_key(T(1) - row[c]);
+  }
+}
+
+template <typename Key>
+void radix_sort_pairs(Key* keys, uint32_t* values, Key* tmp_keys, uint32_t* tmp_values, int64_t n) {
+  // 8-bit digits (256 buckets stay in L1 while scattering): 4 passes for 32-bit keys.
+  constexpr int kBits = 8;
+  constexpr int kBuckets = 1 << kBits;
+  constexpr int kDigits = 8 * static_cast<int>(sizeof(Key)) / kBits;
+  std::vector<int64_t> counts(static_cast<size_t>(kDigits) * kBuckets, 0);
+  for (int64_t t = 0; t < n; ++t) {
+    const Key key = keys[t];
+    for (int digit = 0; digit < kDigits; ++digit) {
+      ++counts[digit * kBuckets + ((key >> (kBits * digit)) & (kBuckets - 1))];
+    }
+  }
+  bool in_tmp = false;  // ping-pong between (keys, values) and (tmp_keys, tmp_values)
+  for (int digit = 0; digit < kDigits; ++digit) {
+    int64_t* count = counts.data() + digit * kBuckets;
+    if (*std::max_element(count, count + kBuckets) == n) continue;  // one bucket: a no-op
+    int64_t offset = 0;
+    for (int b = 0; b < kBuckets; ++b) {
+      const int64_t here = count[b];
+      count[b] = offset;
+      offset += here;
+    }
+    const Key* src_keys = in_tmp ? tmp_keys : keys;
+    const uint32_t* src_values = in_tmp ? tmp_values : values;
+    Key* dst_keys = in_tmp ? keys : tmp_keys;
+    uint32_t* dst_values = in_tmp ? values : tmp_values;
+    const int shift = kBits * digit;
+    for (int64_t t = 0; t < n; ++t) {
+      const Key key = src_keys[t];
+      const int64_t to = count[(key >> shift) & (kBuckets - 1)]++;
+      dst_keys[to] = key;
+      dst_values[to] = src_values[t];
+    }
+    in_tmp = !in_tmp;
+  }
+  if (in_tmp) {
+    std::copy(tmp_keys, tmp_keys + n, keys);
+    std::copy(tmp_values, tmp_values + n, values);
+  }
+}
+
+template <typename Key>
+void scatter_average_ranks(const Key* sorted_keys, const uint32_t* sorted_pairs, int64_t n,
+                           double* ranks) {
+  int64_t start = 0;
+  while (start < n) {
+    int64_t end = start + 1;
+    while (end < n && sorted_keys[end] == sorted_keys[start]) ++end;
+    const double rank = average_rank(start, end);
+    for (int64_t t = start; t < end; ++t) ranks[sorted_pairs[t]] = rank;
+    start = end;
+  }
+}
+
+template <typename Key>
+RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* sorted_twice_ref,
+                                       int64_t n) {
+  const double mean = 0.5 * static_cast<double>(n + 1);
+  RankCorrelationPartial out{0.0, 0.0};
+  int64_t start = 0;
+  while (start < n) {
+    int64_t end = start + 1;
+    while (end < n && sorted_keys[end] == sorted_keys[start]) ++end;
+    const double r = average_rank(start, end) - mean;
+    int64_t twice_ref = 0;  // Σ 2·s over the run, exact in integers
+    for (int64_t t = start; t < end; ++t) twice_ref += sorted_twice_ref[t];
+    out.cross += r * (0.5 * static_cast<double>(twice_ref) - mean * static_cast<double>(end - start));
+    out.sum_sq += r * r * static_cast<double>(end - start);
+    start = end;
+  }
+  return out;
+}
+
+template void write_distance_keys<float>(const float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                         int64_t, uint32_t*);
+template void write_distance_keys<double>(const double*, int64_t, int64_t, int64_t, int64_t,
+                                          int64_t, int64_t, uint64_t*);
+template void radix_sort_pairs<uint32_t>(uint32_t*, uint32_t*, uint32_t*, uint32_t*, int64_t);
+template void radix_sort_pairs<uint64_t>(uint64_t*, uint32_t*, uint64_t*, uint32_t*, int64_t);
+template void scatter_average_ranks<uint32_t>(const uint32_t*, const uint32_t*, int64_t, double*);
+template void scatter_average_ranks<uint64_t>(const uint64_t*, const uint32_t*, int64_t, double*);
+template RankCorrelationPartial correlate_ranks<uint32_t>(const uint32_t*, const uint32_t*, int64_t);
+template RankCorrelationPartial correlate_ranks<uint64_t>(const uint64_t*, const uint32_t*, int64_t);
+
+}  // namespace cpu
+}  // namespace repcap

@@ -1,0 +1,63 @@
+// Pair-distance keys and the tie-aware rank merge of subspace PGA, shared by the C++ CPU kernel
+// and the CUDA kernel. Plain C++ (no torch headers).
+//
+// For rows p̂_i (unit vectors of one subspace's projection), the pairs i<j are taken in SciPy's
+// condensed order, pair(i, j) = i·n − i(i+1)/2 + (j − i − 1), with distance 1 − p̂_i·p̂_j. Each
+// distance becomes an unsigned key whose integer order is the float order, so a radix sort
+// sorts the pairs by distance. A run [start, end) of equal keys in sorted order shares the
+// average 1-based rank (start + end − 1)/2 + 1 (scipy.stats.rankdata, method="average").
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "host_device.h"
+
+namespace repcap {
+
+REPCAP_HD int64_t condensed_pair_index(int64_t i, int64_t j, int64_t n) {
+  return i * n - i * (i + 1) / 2 + (j - i - 1);
+}
+
+// Order-preserving map of IEEE floats to unsigned integers (negative values flipped whole,
+// positive ones with the sign bit set): a < b  ⇔  key(a) < key(b), and -0 < +0.
+REPCAP_HD uint32_t sortable_key(float v) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t bits = __float_as_uint(v);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+#endif
+  return bits ^ ((bits >> 31) ? 0xffffffffu : 0x80000000u);
+}
+
+REPCAP_HD uint64_t sortable_key(double v) {
+#if defined(__CUDA_ARCH__)
+  const uint64_t bits = static_cast<uint64_t>(__double_as_longlong(v));
+#else
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+#endif
+  return bits ^ ((bits >> 63) ? 0xffffffffffffffffull : 0x8000000000000000ull);
+}
+
+// The average 1-based rank of the sorted positions [start, end) (a run of ties).
+REPCAP_HD double average_rank(int64_t start, int64_t end) {
+  return 0.5 * static_cast<double>(start + end - 1) + 1.0;
+}
+
+// Partial sums of the rank correlation against reference ranks s (mean m = (n+1)/2, which is
+// exact for average ranks): Σ (r−m)(s−m) and Σ (r−m)², for r the average ranks of one run.
+struct RankCorrelationPartial {
+  double cross;
+  double sum_sq;
+};
+
+// Spearman's ρ = Σ(r−m)(s−m) / sqrt(Σ(r−m)² · Σ(s−m)²); NaN when either side is constant.
+REPCAP_HD double rank_correlation(const RankCorrelationPartial& p, double ref_sum_sq) {
+  const double den = p.sum_sq * ref_sum_sq;
+  return den > 0.0 ? p.cross / sqrt(den) : std::numeric_limits<double>::quiet_NaN();
+}
+
+}  // namespace repcap
