@@ -91,6 +91,8 @@ def test_cpu(benchmark, inputs, variant):
     rounds = 3 if variant == "cpu_kernel" else 1
     benchmark.pedantic(lambda: run(variant, h, w), rounds=rounds, iterations=1, warmup_rounds=0)
     st = benchmark.stats.stats
+    for other, res in RESULTS.items():  # every variant computes the same z
+        assert abs(res["z"] - float(z)) < 1e-4 * max(1.0, abs(float(z))), (variant, other, z, res["z"])
     RESULTS[variant] = {"seconds": st.median, "min_seconds": st.min, "rounds": rounds, "z": float(z),
                         **memory(variant)}
 

@@ -2,7 +2,8 @@
 // and the CUDA kernel. Plain C++ (no torch headers).
 //
 // For rows p̂_i (unit vectors of one subspace's projection), the pairs i<j are taken in SciPy's
-// condensed order, pair(i, j) = i·n − i(i+1)/2 + (j − i − 1), with distance 1 − p̂_i·p̂_j. Each
+// condensed order, pair(i, j) = i·n − i(i+1)/2 + (j − i − 1), with distance 1 − p̂_i·p̂_j
+// (clamped to [0, 2] as SciPy does). Each
 // distance becomes an unsigned key whose integer order is the float order, so a radix sort
 // sorts the pairs by distance. A run [start, end) of equal keys in sorted order shares the
 // average 1-based rank (start + end − 1)/2 + 1 (scipy.stats.rankdata, method="average").
@@ -21,7 +22,8 @@ REPCAP_HD int64_t condensed_pair_index(int64_t i, int64_t j, int64_t n) {
 }
 
 // Order-preserving map of IEEE floats to unsigned integers (negative values flipped whole,
-// positive ones with the sign bit set): a < b  ⇔  key(a) < key(b), and -0 < +0.
+// positive ones with the sign bit set): a < b  ⇔  key(a) < key(b). −0 and +0 get different
+// keys (−0 first), so callers pass canonical zeros (the distances are clamped to [0, 2]).
 REPCAP_HD uint32_t sortable_key(float v) {
 #if defined(__CUDA_ARCH__)
   const uint32_t bits = __float_as_uint(v);

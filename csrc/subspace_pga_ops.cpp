@@ -7,7 +7,8 @@
 //   subspace_pga_ranks(x) -> float64[n]: the average ranks of the cosine distances of x's rows.
 //   subspace_pga_rhos(x, bases (B×d×k), ref_ranks float64[n]) -> float64[B]: for each basis b,
 //     Spearman's ρ between ref_ranks and the ranks of the cosine distances of the rows of x·B_b
-//     (NaN where a projected row is 0, for the caller to report).
+//     (NaN where a projected row is 0 or all distances are equal, for the caller to tell apart).
+// Distances are clamped to [0, 2], as scipy.spatial.distance.pdist(·, "cosine") does.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -24,7 +25,8 @@
 
 namespace {
 
-constexpr int64_t kMaxTokens = 92681;  // N(N−1)/2 < 2^32: pair indices fit uint32
+constexpr int64_t kMaxTokens = 92681;      // N(N−1)/2 < 2^32: pair indices fit uint32
+constexpr int64_t kMaxTokensRhos = 65536;  // 2·N(N−1)/2 < 2^32: twice the ranks fit uint32
 constexpr int64_t kTileRows = 256;
 
 void check_x(const at::Tensor& x, const char* op) {
@@ -46,8 +48,10 @@ bool normalize_rows(at::Tensor& p) {
     double sq = 0.0;
     for (int64_t c = 0; c < cols; ++c) sq += static_cast<double>(row[c]) * row[c];
     if (!(sq > 0.0)) return false;
-    const T inv = static_cast<T>(1.0 / std::sqrt(sq));
-    for (int64_t c = 0; c < cols; ++c) row[c] *= inv;
+    // Divide (not multiply by a reciprocal): a row with one nonzero entry becomes exactly ±1,
+    // so exact ties between distances stay exact, as in the reference and SciPy.
+    const T norm = static_cast<T>(std::sqrt(sq));
+    for (int64_t c = 0; c < cols; ++c) row[c] /= norm;
   }
   return true;
 }
@@ -123,6 +127,8 @@ at::Tensor subspace_pga_rhos_cpu(const at::Tensor& x_in, const at::Tensor& bases
   TORCH_CHECK(ref_ranks.dim() == 1 && ref_ranks.size(0) == n && ref_ranks.scalar_type() == at::kDouble,
               "subspace_pga_rhos: ref_ranks must be float64 of length N(N−1)/2 = ", n);
   TORCH_CHECK(bases.device().is_cpu() && ref_ranks.device().is_cpu(), "subspace_pga_rhos: CPU tensors");
+  TORCH_CHECK(n_tokens <= kMaxTokensRhos, "subspace_pga_rhos: at most ", kMaxTokensRhos,
+              " tokens (twice the ranks are carried as 32-bit integers), got ", n_tokens);
   const int64_t n_bases = bases.size(0), k = bases.size(2);
   at::Tensor rhos = at::full({n_bases}, std::numeric_limits<double>::quiet_NaN(),
                              x.options().dtype(at::kDouble));
@@ -132,13 +138,17 @@ at::Tensor subspace_pga_rhos_cpu(const at::Tensor& x_in, const at::Tensor& bases
   // The reference ranks travel through each sort as the integers 2·s (average ranks are
   // multiples of 1/2), so the correlation pass reads them in order, without gathers.
   std::vector<uint32_t> twice_ref(static_cast<size_t>(n));
+  int64_t twice_total = 0;
   for (int64_t t = 0; t < n; ++t) {
     ref_sum_sq += (ref[t] - mean) * (ref[t] - mean);
     const double twice = 2.0 * ref[t];
     TORCH_CHECK(twice >= 2.0 && twice <= 2.0 * static_cast<double>(n) && twice == std::floor(twice),
                 "subspace_pga_rhos: ref_ranks must be average ranks (multiples of 1/2 in [1, n])");
     twice_ref[t] = static_cast<uint32_t>(twice);
+    twice_total += twice_ref[t];
   }
+  TORCH_CHECK(twice_total == n * (n + 1),
+              "subspace_pga_rhos: ref_ranks must be average ranks (they sum to n(n+1)/2)");
   double* out = rhos.data_ptr<double>();
   const int threads = static_cast<int>(
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_bases)));

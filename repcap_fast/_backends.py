@@ -128,7 +128,12 @@ def resolve_backend(backend: Optional[str], device: torch.device, op: str = "", 
         raise ValueError(f"{source} must be one of {('auto',) + BACKENDS}, got {requested!r}")
     allowed = OP_BACKENDS.get(op, BACKENDS)
     if requested != "auto" and requested not in allowed:
-        raise RuntimeError(f"{op}: {source}={requested!r} is not implemented yet for this op (it has {allowed})")
+        if source == BACKEND_ENV:  # a global override this op cannot follow: its auto choice
+            warnings.warn(f"{op} has no {requested!r} backend yet ({allowed}); {BACKEND_ENV} is "
+                          "ignored for it", RuntimeWarning, stacklevel=3)
+            requested = "auto"
+        else:
+            raise RuntimeError(f"{op}: {source}={requested!r} is not implemented yet for this op (it has {allowed})")
     if requested == "auto":
         for name in (n for n in _auto_order(device) if n in allowed):
             if _unavailable_reason(name, device) is None:

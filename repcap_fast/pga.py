@@ -162,23 +162,21 @@ class CCRResult(NamedTuple):
 
 
 def _top_right_singular_vectors(x: torch.Tensor, m: int) -> torch.Tensor:
-    """The top-m right singular vectors of x (d×m, float64), through the smaller Gram matrix:
-    eigenvectors of xᵀx (d×d), or xᵀu/σ from those of x xᵀ (N×N) when N < d."""
+    """The top-m right singular vectors of x (d×m, float64): eigenvectors of xᵀx (d×d) when
+    d ≤ N, which stay orthonormal even past the rank of x; otherwise an SVD of x."""
     n, d = x.shape
     if d <= n:
         _, vecs = torch.linalg.eigh(x.T @ x)
         return vecs[:, -m:].flip(1)
-    evals, u = torch.linalg.eigh(x @ x.T)
-    u, sigma = u[:, -m:].flip(1), evals[-m:].flip(0).clamp_min(0).sqrt()
-    v = x.T @ u / torch.where(sigma > 0, sigma, torch.ones_like(sigma))
-    return v / torch.linalg.vector_norm(v, dim=0, keepdim=True).clamp_min(1e-300)
+    _, _, vh = torch.linalg.svd(x, full_matrices=False)
+    return vh[:m].T
 
 
 def center_and_ccr(H, m: int = 1) -> CCRResult:
     """Subtracts the token mean and removes the top m principal components (CCR-m), in float64.
 
-    The directions are the top-m right singular vectors of the centered H (eigenvectors of its
-    smaller Gram matrix, in float64); m = 0 only centers.
+    The directions are the top-m right singular vectors of the centered H (eigenvectors of HᵀH
+    when d ≤ N, else an SVD; float64); m = 0 only centers.
     """
     H = _as_float_matrix(H, "H")
     N, d = H.shape
@@ -215,7 +213,8 @@ def _condensed_cosine_distances(x: torch.Tensor, name: str) -> torch.Tensor:
     u = x / norms[:, None]
     n = u.shape[0]
     iu = torch.triu_indices(n, n, 1, device=u.device)
-    return (1.0 - (u @ u.T)[iu[0], iu[1]]).contiguous()
+    # clamped to [0, 2] as scipy's pdist does (duplicate tokens give exactly 0, not −2e-16)
+    return (1.0 - (u @ u.T)[iu[0], iu[1]]).clamp_(0.0, 2.0).contiguous()
 
 
 def average_ranks(x: torch.Tensor) -> torch.Tensor:
@@ -340,11 +339,12 @@ def _check_common(H, k, n_null, method):
 
 
 def _subspace_rhos_torch(x: torch.Tensor, d_full_ranks: torch.Tensor, bases: torch.Tensor, progress=None) -> List[float]:
-    """Spearman(d_full, d_S) for each basis S (b, d, k): the per-subspace loop of the reference."""
+    """Spearman(d_full, d_S) for each basis S (b, d, k; bases[0] the readout): the per-subspace
+    loop of the reference."""
     rhos = []
     for b in range(bases.shape[0]):
         proj = x @ bases[b]
-        dist = _condensed_cosine_distances(proj, f"H projected on subspace {b}")
+        dist = _condensed_cosine_distances(proj, f"H projected on {_subspace_name(b)}")
         ranks = average_ranks(dist)
         rhos.append(_pearson(d_full_ranks, ranks))
         if progress is not None:
@@ -364,8 +364,12 @@ def _batch_size(batch, n_tokens: int, n_bases: int) -> int:
     return int(batch)
 
 
+def _subspace_name(b: int) -> str:
+    return "the readout subspace" if b == 0 else f"null subspace {b - 1}"
+
+
 def _subspace_rhos_cpu(x, bases, batch, progress=None):
-    """(full-space ranks, ρ per basis) from the fused C++ kernel, `batch` subspaces per call."""
+    """ρ per basis (bases[0] the readout) from the fused C++ kernel, `batch` subspaces per call."""
     ref = torch.ops.repcap_fast.subspace_pga_ranks(x)
     rhos = []
     for b0 in range(0, bases.shape[0], batch):
@@ -374,8 +378,10 @@ def _subspace_rhos_cpu(x, bases, batch, progress=None):
         if progress is not None:
             progress.update(chunk.shape[0])
     for b, r in enumerate(rhos):
-        if math.isnan(r):
-            raise ValueError(f"H projected on subspace {b} has zero-norm rows; cosine distance is undefined")
+        if math.isnan(r):  # a zero projected row, or all distances equal (ρ undefined: NaN)
+            norms = torch.linalg.vector_norm(x @ bases[b].to(x.dtype), dim=1)
+            if bool((norms == 0).any()):
+                raise ValueError(f"H projected on {_subspace_name(b)} has zero-norm rows; cosine distance is undefined")
     return rhos
 
 
@@ -405,13 +411,15 @@ def subspace_pga(
         ccr: principal components removed after centering (0 ≤ ccr < min(N, d)).
         method: "exact" (average ranks over all N(N−1)/2 pairs).
         batch: subspaces per call of the fused kernel (default 16; progress is reported per
-            batch). Memory does not grow with it: each CPU thread works on one subspace at a
-            time, holding 2·(4 + 4)·N(N−1)/2 bytes of keys and pair indices (float32; 24 B per
-            pair for float64 H) and a 256×N tile.
+            batch). A call runs min(batch, threads) subspaces at once, each thread holding
+            16 B per pair (24 B for float64 H: keys and carried ranks, twice for the sort) and a
+            256×N tile; the call also holds 12 B per pair of reference ranks. So the extra
+            memory is about (16·min(batch, threads) + 12)·N(N−1)/2 bytes, never all subspaces'.
         backend: "auto" ("cpu" for CPU tensors, else "torch"), "cpu" (the fused C++ kernel:
             projection, distance keys, radix sort, tie-aware ranks and their correlation, in
             float32, or float64 for float64 H), or "torch" (the float64 reference, a
-            per-subspace loop). "cuda" and "triton" are not implemented yet.
+            per-subspace loop). "cuda" and "triton" are not implemented yet. The cpu kernel
+            takes at most 65,536 tokens.
         progress: a bar over the subspaces (default: on when N(N−1)/2·(n_null+1) ≥ 2e8).
 
     Returns a PGAResult (z, rho_readout, null_rhos, null_mean, null_std with ddof = 1, n_pairs).
@@ -446,8 +454,9 @@ def subspace_pga(
             rho_readout, null_rhos = rhos[0], rhos[1:]
         else:
             d_full_ranks = average_ranks(_condensed_cosine_distances(x, "H"))
-            rho_readout = _subspace_rhos_torch(x, d_full_ranks, readout.to(x.device)[None], bar)[0]
-            null_rhos = _subspace_rhos_torch(x, d_full_ranks, nulls, bar)
+            bases = torch.cat([readout.to(x.device)[None], nulls])
+            rhos = _subspace_rhos_torch(x, d_full_ranks, bases, bar)
+            rho_readout, null_rhos = rhos[0], rhos[1:]
     finally:
         if bar is not None:
             bar.close()
@@ -569,19 +578,25 @@ def alpha_req(H, center: bool = True, fit_range=None) -> float:
 
 def isotropy(H, center: bool = False) -> float:
     """Partition-function isotropy (Mu & Viswanath, 2018): min_c Z(c) / max_c Z(c) with
-    Z(c) = Σ_i exp(cᵀh_i) over the eigenvectors c of HᵀH, in log space (no overflow). 1 is
+    Z(c) = Σ_i exp(cᵀh_i) over the eigenvectors c of HᵀH and their negatives, in log space (no
+    overflow). 1 is
     perfectly isotropic, near 0 strongly anisotropic. H as given unless center=True."""
     x = _centered64(H, center)
     _, vecs = torch.linalg.eigh(x.T @ x)
-    log_z = torch.logsumexp(x @ vecs, dim=0)
+    proj = x @ vecs
+    # both orientations ±c of each eigenvector (LAPACK's signs are arbitrary; Z(c) ≠ Z(−c))
+    log_z = torch.logsumexp(torch.cat([proj, -proj], dim=1), dim=0)
     return float(torch.exp(log_z.min() - log_z.max()))
 
 
 def condition_number(H, center: bool = True) -> float:
     """σ_max/σ_min of H (centered by default), over min(N, d) singular values; inf when H is
-    rank-deficient."""
-    s = _singular_values(H, center)
-    return float(s[0] / s[-1]) if float(s[-1]) > 0 else float("inf")
+    numerically rank-deficient (σ_min ≤ σ_max·max(N, d)·eps_float64)."""
+    x = _centered64(H, center)
+    s = torch.linalg.svdvals(x)
+    # numerically zero (rank-deficient, e.g. centered H with N ≤ d): below σ_max·max(N, d)·eps
+    tol = float(s[0]) * max(x.shape) * torch.finfo(torch.float64).eps
+    return float(s[0] / s[-1]) if float(s[-1]) > tol else float("inf")
 
 
 def cross_model_agreement(H_a, H_b, basis_a: torch.Tensor, basis_b: torch.Tensor, *, n_null: int = 20,

@@ -24,7 +24,10 @@ void write_distance_keys(const T* dots, int64_t ld, int64_t rows, int64_t cols, 
     // The pairs (i, j), j = col0+first.., are consecutive in condensed order.
     typename KeyFor<T>::type* out = keys + condensed_pair_index(i, col0 + first, n);
     const T* row = dots + r * ld;
-    for (int64_t c = first; c < cols; ++c) out[c - first] = sortable_key(T(1) - row[c]);
+    for (int64_t c = first; c < cols; ++c) {
+      const T dist = T(1) - row[c];  // clamped to [0, 2] like SciPy's pdist (also makes −0 +0)
+      out[c - first] = sortable_key(std::min(T(2), std::max(T(0), dist)));
+    }
   }
 }
 

@@ -20,7 +20,7 @@ struct KeyFor<double> {
   using type = uint64_t;
 };
 
-// keys[pair(i, j)] = sortable_key(1 − dot_ij) for the pairs j > i of a tile of dot products
+// keys[pair(i, j)] = sortable_key(clamp(1 − dot_ij, 0, 2)) for the pairs j > i of a tile of dots
 // dots[r][c] = p̂_{row0+r}·p̂_{col0+c} (leading dimension ld) of n unit rows.
 template <typename T>
 void write_distance_keys(const T* dots, int64_t ld, int64_t rows, int64_t cols, int64_t row0,
