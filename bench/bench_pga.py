@@ -2,7 +2,8 @@
 scipy.stats.spearmanr (with scipy's pdist) and against the float64 torch reference, in one run,
 as ratios, with peak extra memory (fresh process per variant).
 
-    python -m pytest bench/bench_pga.py -s          # CPU: N=1024, d=512, k=64, 100 nulls
+    python -m pytest bench/bench_pga.py -s              # CPU: N=1024, d=512, k=64, 100 nulls
+    python -m pytest bench/bench_pga.py -s -k gpu       # GPU: N=4096, d=4096, k=100, 100 nulls
 
 Results: a table printed last and JSON under bench/results/ (REPCAP_BENCH_OUT overrides).
 REPCAP_BENCH_SMOKE=1 shrinks the sizes.
@@ -97,7 +98,43 @@ def test_cpu(benchmark, inputs, variant):
                         **memory(variant)}
 
 
+GPU_RESULTS = {}
+GPU_N, GPU_D, GPU_K = (1024, 512, 64) if SMOKE else (4096, 4096, 100)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_gpu(benchmark, backend):
+    g = torch.Generator().manual_seed(0)
+    h = (torch.randn(GPU_N, GPU_D, generator=g) @ (torch.randn(GPU_D, GPU_D, generator=g) / GPU_D**0.5)).cuda()
+    w = torch.randn(2 * GPU_D, GPU_D, generator=g).cuda()
+
+    def once():
+        z = pga.subspace_pga(h, w, k=GPU_K, n_null=NULLS, ccr=1, seed=0, backend=backend, progress=False).z
+        torch.cuda.synchronize()
+        return z
+
+    z = once()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    benchmark.pedantic(once, rounds=3 if backend == "triton" else 1, iterations=1, warmup_rounds=0)
+    GPU_RESULTS[backend] = {"seconds": benchmark.stats.stats.median, "z": float(z),
+                            "peak_extra_bytes": torch.cuda.max_memory_allocated() - base}
+
+
 def teardown_module(module):
+    if GPU_RESULTS:
+        payload = {"op": "subspace_pga", "N": GPU_N, "d": GPU_D, "k": GPU_K, "n_null": NULLS,
+                   "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+                   "device": torch.cuda.get_device_name(0), "results": GPU_RESULTS}
+        if {"triton", "torch"} <= set(GPU_RESULTS):
+            payload["torch_loop_over_triton"] = GPU_RESULTS["torch"]["seconds"] / GPU_RESULTS["triton"]["seconds"]
+        os.makedirs(OUT_DIR, exist_ok=True)
+        with open(os.path.join(OUT_DIR, "pga_gpu.json"), "w") as f:
+            json.dump(payload, f, indent=2)
+        print(f"\n== subspace_pga gpu: N={GPU_N}, d={GPU_D}, k={GPU_K}, {NULLS} nulls ==")
+        for name, r in GPU_RESULTS.items():
+            print(f"{name:<8} {r['seconds']:9.3f} s   z={r['z']:.6f}   peak extra {r['peak_extra_bytes'] / 2**20:.0f} MiB")
     if not RESULTS:
         return
     ratios = {}

@@ -39,14 +39,16 @@ python -c "import json, repcap_fast as rf; print(json.dumps(rf.info(), indent=1)
 echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$log"
 
 echo "== GPU tests" | tee -a "$log"
-python -m pytest tests/test_gpu.py tests/test_backends.py tests/test_gram_offdiag_penalty.py -q --maxfail=20 --junitxml="$out/gpu_tests.xml" 2>&1 | tail -25 | tee -a "$log"
+python -m pytest tests/test_gpu.py tests/test_backends.py tests/test_gram_offdiag_penalty.py tests/test_pga.py -q --maxfail=20 --junitxml="$out/gpu_tests.xml" 2>&1 | tail -25 | tee -a "$log"
 tests_rc=${PIPESTATUS[0]}
 
 echo "== GPU benchmarks" | tee -a "$log"
 python -m pytest bench/bench_cosine_stats.py -q -s -k "gpu or report" -p no:cacheprovider 2>&1 | tail -30 | tee "$out/bench_tail.txt" >>"$log"
 python -m pytest bench/bench_penalty.py -q -s -k gpu -p no:cacheprovider 2>&1 | grep -v "^test_\|^---\|Name \|Legend\|Outliers\|OPS" | tail -20 | tee "$out/bench_penalty_tail.txt" >>"$log"
+python -m pytest bench/bench_pga.py -q -s -k gpu -p no:cacheprovider 2>&1 | grep -A4 "== subspace_pga gpu" | tee "$out/bench_pga_tail.txt" >>"$log"
 echo "total: $(( $(date +%s) - t0 )) s   tests rc=$tests_rc" | tee -a "$log"
 echo
 grep -A20 "^GPU " "$out/bench_tail.txt" || echo "(no GPU table: see $log)"
 grep -A12 "== gram_offdiag_penalty gpu" "$out/bench_penalty_tail.txt" || echo "(no penalty table: see $log)"
+cat "$out/bench_pga_tail.txt" 2>/dev/null
 exit "$tests_rc"

@@ -19,7 +19,7 @@ BACKENDS = ("cuda", "triton", "cpu", "torch")
 BACKEND_ENV = "REPCAP_BACKEND"
 OPS = ("pairwise_cosine_stats", "gram_offdiag_penalty", "subspace_pga")
 # Ops that do not have every backend yet: the ones they have.
-OP_BACKENDS = {"subspace_pga": ("cpu", "torch")}
+OP_BACKENDS = {"subspace_pga": ("triton", "cpu", "torch")}
 
 _BUILD_HINT = (
     "Build it with `pip install --no-build-isolation -e .` from the repcap_fast checkout "

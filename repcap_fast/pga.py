@@ -368,13 +368,23 @@ def _subspace_name(b: int) -> str:
     return "the readout subspace" if b == 0 else f"null subspace {b - 1}"
 
 
-def _subspace_rhos_cpu(x, bases, batch, progress=None):
-    """ρ per basis (bases[0] the readout) from the fused C++ kernel, `batch` subspaces per call."""
-    ref = torch.ops.repcap_fast.subspace_pga_ranks(x)
+def _kernel_ops(name: str):
+    """(ranks, rhos) functions of a kernel backend, with the ops' contract."""
+    if name == "cpu":
+        return torch.ops.repcap_fast.subspace_pga_ranks, torch.ops.repcap_fast.subspace_pga_rhos
+    from .triton_kernels import subspace_pga_ranks_triton, subspace_pga_rhos_triton
+
+    return subspace_pga_ranks_triton, subspace_pga_rhos_triton
+
+
+def _subspace_rhos_kernel(name, x, bases, batch, progress=None):
+    """ρ per basis (bases[0] the readout) from a kernel backend, `batch` subspaces per call."""
+    ranks_fn, rhos_fn = _kernel_ops(name)
+    ref = ranks_fn(x)
     rhos = []
     for b0 in range(0, bases.shape[0], batch):
         chunk = bases[b0 : b0 + batch].to(x.dtype).contiguous()
-        rhos.extend(torch.ops.repcap_fast.subspace_pga_rhos(x, chunk, ref).tolist())
+        rhos.extend(rhos_fn(x, chunk, ref).tolist())
         if progress is not None:
             progress.update(chunk.shape[0])
     for b, r in enumerate(rhos):
@@ -415,10 +425,13 @@ def subspace_pga(
             16 B per pair (24 B for float64 H: keys and carried ranks, twice for the sort) and a
             256×N tile; the call also holds 12 B per pair of reference ranks. So the extra
             memory is about (16·min(batch, threads) + 12)·N(N−1)/2 bytes, never all subspaces'.
-        backend: "auto" ("cpu" for CPU tensors, else "torch"), "cpu" (the fused C++ kernel:
+        backend: "auto" ("cpu" for CPU tensors, "triton" for CUDA tensors), "cpu" (the fused C++ kernel:
             projection, distance keys, radix sort, tie-aware ranks and their correlation, in
             float32, or float64 for float64 H), or "torch" (the float64 reference, a
-            per-subspace loop). "cuda" and "triton" are not implemented yet. The cpu kernel
+            per-subspace loop), or "triton" (GPU tensors, or CPU under TRITON_INTERPRET=1: a
+            Triton kernel writes the distances of a batch of subspaces, torch.sort
+            orders them, and the tie-aware ranks and ρ are reduced with torch ops in float64;
+            "auto" picks it for CUDA tensors). "cuda" is not implemented yet. The cpu kernel
             takes at most 65,536 tokens.
         progress: a bar over the subspaces (default: on when N(N−1)/2·(n_null+1) ≥ 2e8).
 
@@ -447,10 +460,10 @@ def subspace_pga(
 
         bar = tqdm(total=n_null + 1, desc="subspace PGA", unit=" subspace", leave=False)
     try:
-        if name == "cpu":
+        if name in ("cpu", "triton"):
             bases = torch.cat([readout.to(x.device)[None], nulls])
             xk = x.to(_kernel_dtype(H)).contiguous()
-            rhos = _subspace_rhos_cpu(xk, bases, _batch_size(batch, N, n_null + 1), bar)
+            rhos = _subspace_rhos_kernel(name, xk, bases, _batch_size(batch, N, n_null + 1), bar)
             rho_readout, null_rhos = rhos[0], rhos[1:]
         else:
             d_full_ranks = average_ranks(_condensed_cosine_distances(x, "H"))

@@ -6,5 +6,11 @@ Importing this package needs ``triton``. Under ``TRITON_INTERPRET=1`` the kernel
 
 from .gram_offdiag_penalty import gram_offdiag_penalty_triton
 from .pairwise_cosine_stats import pairwise_cosine_stats_triton
+from .subspace_pga import subspace_pga_ranks_triton, subspace_pga_rhos_triton
 
-__all__ = ["gram_offdiag_penalty_triton", "pairwise_cosine_stats_triton"]
+__all__ = [
+    "gram_offdiag_penalty_triton",
+    "pairwise_cosine_stats_triton",
+    "subspace_pga_ranks_triton",
+    "subspace_pga_rhos_triton",
+]
