@@ -114,14 +114,8 @@ if {device!r}.startswith('cuda'):
     b.step({variant!r}, X); torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
 else:
-    def hwm():
-        for line in open('/proc/self/status'):
-            if line.startswith('VmHWM'):
-                return int(line.split()[1]) * 1024
-    open('/proc/self/clear_refs', 'w').write('5')
-    base = hwm()
-    b.step({variant!r}, X)
-    extra = hwm() - base
+    import peak_memory
+    extra = peak_memory.peak_growth(lambda: b.step({variant!r}, X))
 print(json.dumps({{"peak_extra_bytes": extra}}))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)

@@ -64,15 +64,9 @@ def memory(variant):
 import json, sys
 sys.path.insert(0, {HERE!r})
 import bench_pga as b
+import peak_memory
 h, w = b.make_inputs()
-def hwm():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmHWM'):
-            return int(line.split()[1]) * 1024
-open('/proc/self/clear_refs', 'w').write('5')
-base = hwm()
-b.run({variant!r}, h, w)
-print(json.dumps({{"peak_extra_bytes": hwm() - base}}))
+print(json.dumps({{"peak_extra_bytes": peak_memory.peak_growth(lambda: b.run({variant!r}, h, w))}}))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:

@@ -53,6 +53,14 @@ def main():
     constexprs = {"SELF_PAIRS": self_pairs, "UPCAST": False,
                   "INPUT_PRECISION": precision if dtype == "fp32" else "tf32",
                   "BLOCK_M": block, "BLOCK_N": block, "BLOCK_K": block_k}
+    print_compiled(fn, ints, pointers, constexprs, arch, num_warps, num_stages, other="fp32")
+
+
+def compile_kernel(fn, ints, pointers, constexprs, arch, num_warps, num_stages, other="fp32"):
+    """Compiles `fn` for an NVIDIA target with a real launch's specialization: `ints` (integer
+    arguments: specialized unless in do_not_specialize), `pointers` (name -> "*fp32"...; the
+    rest get the type `other`), `constexprs`. Returns the compiled kernel and the seconds taken."""
+    constexprs = dict(constexprs)
     no_spec = set(getattr(fn, "do_not_specialize", ()) or ())
     no_spec = {fn.arg_names[i] if isinstance(i, int) else i for i in no_spec}
     signature, attrs = {}, {}
@@ -70,12 +78,17 @@ def main():
             signature[name] = pointers[name]
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
-            signature[name] = "fp32"
+            signature[name] = other
     start = time.time()
     kernel = triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
                             target=GPUTarget("cuda", arch, 32),
                             options={"num_warps": num_warps, "num_stages": num_stages})
-    print(json.dumps({"ok": True, "seconds": round(time.time() - start, 2),
+    return kernel, time.time() - start
+
+
+def print_compiled(fn, ints, pointers, constexprs, arch, num_warps, num_stages, other="fp32"):
+    kernel, seconds = compile_kernel(fn, ints, pointers, constexprs, arch, num_warps, num_stages, other)
+    print(json.dumps({"ok": True, "seconds": round(seconds, 2),
                       "shared_bytes": kernel.metadata.shared, "arch": arch}))
 
 

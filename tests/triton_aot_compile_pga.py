@@ -7,19 +7,14 @@ tests/triton_aot_compile.py).
 Prints one JSON line. Run in a process without TRITON_INTERPRET.
 """
 
-import json
 import os
 import sys
-import time
 
 os.environ.pop("TRITON_INTERPRET", None)
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
 from repcap_fast.triton_kernels import subspace_pga as module  # noqa: E402
-from triton_aot_compile import specialize  # noqa: E402
+from triton_aot_compile import print_compiled  # noqa: E402
 
 
 def main():
@@ -32,27 +27,7 @@ def main():
                 n_col_tiles=nb, k=k, stride_ub=n_tokens * k, stride_ur=k)
     pointer = {"fp32": "*fp32", "fp64": "*fp64"}[dtype]
     constexprs = {"INPUT_PRECISION": "ieee", "BLOCK": block, "BLOCK_K": block_k}
-    no_spec = {fn.arg_names[i] if isinstance(i, int) else i for i in (fn.do_not_specialize or ())}
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in ints:
-            ty, value, attr = specialize(ints[name], name not in no_spec)
-            signature[name] = ty
-            if ty == "constexpr":
-                constexprs[name] = value
-            if attr:
-                attrs[(i,)] = attr
-        else:
-            signature[name] = pointer
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    start = time.time()
-    kernel = triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
-                            target=GPUTarget("cuda", arch, 32),
-                            options={"num_warps": num_warps, "num_stages": num_stages})
-    print(json.dumps({"ok": True, "seconds": round(time.time() - start, 2),
-                      "shared_bytes": kernel.metadata.shared, "arch": arch}))
+    print_compiled(fn, ints, {"u_ptr": pointer, "dist_ptr": pointer}, constexprs, arch, num_warps, num_stages)
 
 
 if __name__ == "__main__":
