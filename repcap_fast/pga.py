@@ -413,7 +413,7 @@ def subspace_pga(
     """Subspace PGA z-score of one layer's hidden states H (N×d) against W_U's readout subspace.
 
     Args:
-        H: (N, d) hidden states of one layer, N ≥ 3 tokens (any float dtype; computed in float64).
+        H: (N, d) hidden states of one layer, N ≥ 3 tokens, any float dtype.
         W_U: the unembedding (layout "hf": V×d, "tl": d×V); or pass `basis` (d×k, orthonormal
             columns) instead.
         k: readout dimension (1 ≤ k < d), when W_U is given.
@@ -424,15 +424,18 @@ def subspace_pga(
             batch). A call runs min(batch, threads) subspaces at once, each thread holding
             16 B per pair (24 B for float64 H: keys and carried ranks, twice for the sort) and a
             256×N tile; the call also holds 12 B per pair of reference ranks. So the extra
-            memory is about (16·min(batch, threads) + 12)·N(N−1)/2 bytes, never all subspaces'.
-        backend: "auto" ("cpu" for CPU tensors, "triton" for CUDA tensors), "cpu" (the fused C++ kernel:
-            projection, distance keys, radix sort, tie-aware ranks and their correlation, in
-            float32, or float64 for float64 H), or "torch" (the float64 reference, a
-            per-subspace loop), or "triton" (GPU tensors, or CPU under TRITON_INTERPRET=1: a
-            Triton kernel writes the distances of a batch of subspaces, torch.sort
-            orders them, and the tie-aware ranks and ρ are reduced with torch ops in float64;
-            "auto" picks it for CUDA tensors). "cuda" is not implemented yet. The cpu kernel
-            takes at most 65,536 tokens.
+            memory is about (16·min(batch, threads) + 12)·N(N−1)/2 bytes on the cpu backend,
+            never all subspaces'; the triton path holds about 80 B per pair for each subspace
+            of a batch while it ranks them.
+        backend: "auto" picks "cpu" for CPU tensors and "triton" for CUDA tensors.
+            "cpu": the fused C++ kernel (projection, distance keys, radix sort, tie-aware ranks
+            and their correlation), at most 65,536 tokens.
+            "triton": a Triton kernel writes a batch of subspaces' distances, torch.sort orders
+            them, and the tie-aware ranks and ρ are reduced with torch ops in float64 (GPU
+            tensors, or CPU under TRITON_INTERPRET=1).
+            "torch": the float64 reference, a per-subspace loop.
+            "cuda" is not implemented yet. The kernels form distances in float32 (float64 for
+            float64 H) after centering and CCR in float64.
         progress: a bar over the subspaces (default: on when N(N−1)/2·(n_null+1) ≥ 2e8).
 
     Returns a PGAResult (z, rho_readout, null_rhos, null_mean, null_std with ddof = 1, n_pairs).
