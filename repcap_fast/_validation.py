@@ -13,6 +13,11 @@ _NORM_CHUNK_BYTES = 4 << 20  # float64 working copy of a row chunk
 MAX_BINS = 1 << 16
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype kernels compute in: float64 stays float64, every other float is float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def as_matrix(x, name: str) -> torch.Tensor:
     """A 2-D floating tensor, non-empty; numpy arrays are converted (without a copy)."""
     if isinstance(x, np.ndarray):

@@ -64,10 +64,6 @@ def _check_x(X, *, min_rows: int = 2) -> torch.Tensor:
     return X
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _check_rows(X: torch.Tensor, normalize: bool) -> torch.Tensor:
     """Float64 row norms; raises on NaN/Inf, and on zero rows when normalizing."""
     norms = val.row_norms(X.detach(), "X")  # names the first row with NaN/Inf
@@ -86,7 +82,7 @@ def _prepare(X: torch.Tensor, normalize: bool):
     """(x̂, float64 row norms) or (x, None), contiguous in the compute dtype. x̂ is divided in
     float64 in row chunks and rounded once (tiny rows whose 1/‖x‖ overflows float32 are fine)."""
     norms = _check_rows(X, normalize)
-    dtype = _compute_dtype(X.dtype)
+    dtype = val.compute_dtype(X.dtype)
     x = X.detach()
     if not normalize:
         return x.to(dtype).contiguous(), None
@@ -125,10 +121,10 @@ def _log_pow(m: torch.Tensor, e: int) -> torch.Tensor:
     return e * torch.log(m.to(torch.float64))
 
 
-def _loss_from_rows(row_max: torch.Tensor, row_sum: torch.Tensor, p: int) -> torch.Tensor:
-    """L = Σ_i m_i^p s_i in float64; rows with m_i = 0 (or s_i = 0) give 0."""
+def _row_losses(row_max: torch.Tensor, row_sum: torch.Tensor, p: int) -> torch.Tensor:
+    """L_i = m_i^p s_i in float64 (log space); rows with m_i = 0 (or s_i = 0) give 0."""
     terms = torch.exp(_log_pow(row_max, p) + torch.log(row_sum))
-    return torch.where(row_sum > 0, terms, torch.zeros_like(terms)).sum()
+    return torch.where(row_sum > 0, terms, torch.zeros_like(terms))
 
 
 def _finish_grad(grad_dir, row_max, x, norms, p: int, scale: float) -> torch.Tensor:
@@ -164,14 +160,14 @@ class GramOffdiagPenaltyFunction(torch.autograd.Function):
         with_grad = with_grad and bool(ctx.needs_input_grad[0])
         row_max, row_sum, grad_dir = _kernel(backend, x, p, with_grad, normalize)
         scale = 1.0 / (k * (k - 1)) if reduction == "mean" else 1.0
-        loss = _loss_from_rows(row_max, row_sum, p) * scale
+        loss = _row_losses(row_max, row_sum, p).sum() * scale
         if with_grad:
             grad = _finish_grad(grad_dir, row_max, x, norms, p, scale)
             del x, grad_dir
             ctx.save_for_backward(grad)
         ctx.x_dtype = X.dtype
         ctx.has_grad = with_grad
-        return loss.to(_compute_dtype(X.dtype))
+        return loss.to(val.compute_dtype(X.dtype))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -243,9 +239,7 @@ def gram_offdiag_rows(
         return g.amax(dim=1), g.pow(p).sum(dim=1)
     x, _ = _prepare(X, normalize)
     row_max, row_sum, _ = _kernel(name, x, p, False, normalize)
-    rows = torch.exp(_log_pow(row_max, p) + torch.log(row_sum))
-    rows = torch.where(row_sum > 0, rows, torch.zeros_like(rows))
-    return row_max.to(torch.float64), rows
+    return row_max.to(torch.float64), _row_losses(row_max, row_sum, p)
 
 
 def gram_offdiag_max(X: torch.Tensor, normalize: bool = True, backend: str = "auto") -> float:

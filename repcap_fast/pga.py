@@ -352,10 +352,6 @@ def _subspace_rhos_torch(x: torch.Tensor, d_full_ranks: torch.Tensor, bases: tor
     return rhos
 
 
-def _kernel_dtype(H: torch.Tensor) -> torch.dtype:
-    return torch.float64 if H.dtype == torch.float64 else torch.float32
-
-
 def _batch_size(batch, n_tokens: int, n_bases: int) -> int:
     if batch is None:
         return max(1, min(n_bases, 16))
@@ -465,7 +461,7 @@ def subspace_pga(
     try:
         if name in ("cpu", "triton"):
             bases = torch.cat([readout.to(x.device)[None], nulls])
-            xk = x.to(_kernel_dtype(H)).contiguous()
+            xk = x.to(val.compute_dtype(H.dtype)).contiguous()
             rhos = _subspace_rhos_kernel(name, xk, bases, _batch_size(batch, N, n_null + 1), bar)
             rho_readout, null_rhos = rhos[0], rhos[1:]
         else:
