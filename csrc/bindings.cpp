@@ -14,6 +14,7 @@
 #include "cpu/parallel_blocks.h"
 #include "gram_offdiag_penalty_epilogue.h"
 #include "pairwise_cosine_stats_epilogue.h"
+#include "subspace_pga_epilogue.h"
 
 #ifdef REPCAP_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -306,6 +307,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_penalty_term_f64", [](double g, double inv_max, int32_t p) {
     const auto t = repcap::penalty_term(g, inv_max, p);
     return std::make_tuple(t.term, t.weight);
+  });
+  // Subspace PGA: the key map, the run search and the per-position rank pass of the CUDA kernel.
+  m.def("_sortable_key_f32", [](float v) { return repcap::sortable_key(v); });
+  m.def("_sortable_key_f64", [](double v) { return repcap::sortable_key(v); });
+  m.def("_run_bounds", [](const std::vector<uint64_t>& sorted, int64_t t) {
+    TORCH_CHECK(t >= 0 && t < static_cast<int64_t>(sorted.size()), "_run_bounds: t out of range");
+    return std::make_tuple(repcap::run_start(sorted.data(), t),
+                           repcap::run_end(sorted.data(), static_cast<int64_t>(sorted.size()), t));
+  });
+  m.def("_rank_correlation_sorted", [](const std::vector<uint64_t>& sorted, const std::vector<uint32_t>& twice_ref,
+                                       double ref_sum_sq) {
+    const int64_t n = static_cast<int64_t>(sorted.size());
+    TORCH_CHECK(twice_ref.size() == sorted.size(), "_rank_correlation_sorted: sizes differ");
+    repcap::RankCorrelationPartial partial{0.0, 0.0};
+    const double mean = 0.5 * static_cast<double>(n + 1);
+    for (int64_t t = 0; t < n; ++t) {
+      repcap::add_rank_pair(&partial, repcap::average_rank_at(sorted.data(), n, t), twice_ref[t], mean);
+    }
+    return std::make_tuple(partial.cross, partial.sum_sq, repcap::rank_correlation(partial, ref_sum_sq));
   });
   m.def("_penalty_rescale_f64", [](double m_old, double m_new, int32_t p) {
     const auto r = repcap::penalty_rescale(m_old, m_new, p);

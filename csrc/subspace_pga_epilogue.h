@@ -49,12 +49,65 @@ REPCAP_HD double average_rank(int64_t start, int64_t end) {
   return 0.5 * static_cast<double>(start + end - 1) + 1.0;
 }
 
+// The run of keys equal to sorted[t] in a sorted array of n keys: [run_start, run_end).
+// Galloping then binary search from t, O(log run length): runs are short except for exact ties
+// (one-hot rows give runs of thousands). Shared by the CPU scan and the CUDA per-position pass.
+template <typename Key>
+REPCAP_HD int64_t run_start(const Key* sorted, int64_t t) {
+  const Key key = sorted[t];
+  int64_t inside = t, step = 1;  // sorted[inside] == key; find the first position equal to key
+  while (inside - step >= 0 && sorted[inside - step] == key) {
+    inside -= step;
+    step *= 2;
+  }
+  int64_t lo = inside - step + 1 > 0 ? inside - step + 1 : 0;  // sorted[lo-1] < key (or lo = 0)
+  int64_t hi = inside;
+  while (lo < hi) {  // first position in [lo, hi] equal to key
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (sorted[mid] == key) hi = mid; else lo = mid + 1;
+  }
+  return lo;
+}
+
+template <typename Key>
+REPCAP_HD int64_t run_end(const Key* sorted, int64_t n, int64_t t) {
+  const Key key = sorted[t];
+  int64_t inside = t, step = 1;  // sorted[inside] == key; find one past the last equal position
+  while (inside + step < n && sorted[inside + step] == key) {
+    inside += step;
+    step *= 2;
+  }
+  int64_t lo = inside + 1;
+  int64_t hi = inside + step < n ? inside + step : n;  // sorted[hi] > key (or hi = n)
+  while (lo < hi) {  // first position in [lo, hi) greater than key
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (sorted[mid] == key) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+// The average rank of sorted position t: t + 1 unless a neighbour holds the same key (the CUDA
+// pass evaluates every position independently).
+template <typename Key>
+REPCAP_HD double average_rank_at(const Key* sorted, int64_t n, int64_t t) {
+  const Key key = sorted[t];
+  const bool tied = (t > 0 && sorted[t - 1] == key) || (t + 1 < n && sorted[t + 1] == key);
+  return tied ? average_rank(run_start(sorted, t), run_end(sorted, n, t)) : static_cast<double>(t + 1);
+}
+
 // Partial sums of the rank correlation against reference ranks s (mean m = (n+1)/2, which is
 // exact for average ranks): Σ (r−m)(s−m) and Σ (r−m)², for r the average ranks of one run.
 struct RankCorrelationPartial {
   double cross;
   double sum_sq;
 };
+
+// Adds one pair: average rank r of its sorted position, reference rank s = twice_ref/2 (exact).
+REPCAP_HD void add_rank_pair(RankCorrelationPartial* p, double rank, uint32_t twice_ref, double mean) {
+  const double r = rank - mean;
+  p->cross += r * (0.5 * static_cast<double>(twice_ref) - mean);
+  p->sum_sq += r * r;
+}
 
 // Spearman's ρ = Σ(r−m)(s−m) / sqrt(Σ(r−m)² · Σ(s−m)²); NaN when either side is constant.
 REPCAP_HD double rank_correlation(const RankCorrelationPartial& p, double ref_sum_sq) {

@@ -1,6 +1,7 @@
-// Torch bindings of subspace PGA's fused kernel (CPU): projection, pair-distance keys, radix
-// sort, tie-aware ranks and their correlation. A translation unit of its own; the kernel math is
-// plain C++ (csrc/cpu/subspace_pga_cpu.*, csrc/subspace_pga_epilogue.h).
+// Torch bindings of subspace PGA's fused kernel (CPU and CUDA): projection, pair-distance keys,
+// radix sort, tie-aware ranks and their correlation. A translation unit of its own; the kernel
+// math is plain C++ (csrc/cpu/subspace_pga_cpu.*) and CUDA (csrc/cuda/subspace_pga.cu), sharing
+// csrc/subspace_pga_epilogue.h.
 //
 // Ops, for x (N×d, float32 or float64, rows nonzero) and n = N(N−1)/2 pairs in SciPy's condensed
 // order:
@@ -23,6 +24,13 @@
 #include "cpu/parallel_blocks.h"
 #include "cpu/subspace_pga_cpu.h"
 
+#ifdef REPCAP_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/subspace_pga_cuda.h"
+#endif
+
 namespace {
 
 constexpr int64_t kMaxTokens = 92681;      // N(N−1)/2 < 2^32: pair indices fit uint32
@@ -33,9 +41,25 @@ void check_x(const at::Tensor& x, const char* op) {
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 2 && x.size(1) >= 1, op, ": x must be N×d with N >= 2");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, op,
               ": x must be float32 or float64");
-  TORCH_CHECK(x.device().is_cpu(), op, ": this op runs on CPU tensors");
   TORCH_CHECK(x.size(0) <= kMaxTokens, op, ": at most ", kMaxTokens, " tokens (pair indices are 32-bit), got ",
               x.size(0));
+}
+
+// The checks of subspace_pga_rhos that do not depend on the device; returns n.
+int64_t check_rhos_inputs(const at::Tensor& x, const at::Tensor& bases, const at::Tensor& ref_ranks) {
+  check_x(x, "subspace_pga_rhos");
+  const int64_t n_tokens = x.size(0), d = x.size(1);
+  const int64_t n = n_tokens * (n_tokens - 1) / 2;
+  TORCH_CHECK(bases.dim() == 3 && bases.size(1) == d && bases.size(2) >= 1,
+              "subspace_pga_rhos: bases must be B×d×k with d=", d);
+  TORCH_CHECK(bases.scalar_type() == x.scalar_type(), "subspace_pga_rhos: bases and x dtypes differ");
+  TORCH_CHECK(ref_ranks.dim() == 1 && ref_ranks.size(0) == n && ref_ranks.scalar_type() == at::kDouble,
+              "subspace_pga_rhos: ref_ranks must be float64 of length N(N−1)/2 = ", n);
+  TORCH_CHECK(bases.device() == x.device() && ref_ranks.device() == x.device(),
+              "subspace_pga_rhos: x, bases and ref_ranks must be on one device");
+  TORCH_CHECK(n_tokens <= kMaxTokensRhos, "subspace_pga_rhos: at most ", kMaxTokensRhos,
+              " tokens (twice the ranks are carried as 32-bit integers), got ", n_tokens);
+  return n;
 }
 
 // Unit rows of p in place (float accumulation of the norm in double); false if a row is 0.
@@ -95,6 +119,7 @@ struct PairBuffers {
 
 at::Tensor subspace_pga_ranks_cpu(const at::Tensor& x_in) {
   check_x(x_in, "subspace_pga_ranks");
+  TORCH_CHECK(x_in.device().is_cpu(), "subspace_pga_ranks (cpu): x must be a CPU tensor");
   at::Tensor x = x_in.detach().contiguous().clone();
   const int64_t n_tokens = x.size(0);
   const int64_t n = n_tokens * (n_tokens - 1) / 2;
@@ -115,20 +140,12 @@ at::Tensor subspace_pga_ranks_cpu(const at::Tensor& x_in) {
 // the rank correlation. Memory: 2·(key + 4 B)·N(N−1)/2 and a 256×N tile per thread.
 at::Tensor subspace_pga_rhos_cpu(const at::Tensor& x_in, const at::Tensor& bases_in,
                                  const at::Tensor& ref_ranks_in) {
-  check_x(x_in, "subspace_pga_rhos");
+  const int64_t n = check_rhos_inputs(x_in, bases_in, ref_ranks_in);
+  TORCH_CHECK(x_in.device().is_cpu(), "subspace_pga_rhos (cpu): CPU tensors");
   const at::Tensor x = x_in.detach().contiguous();
   const at::Tensor bases = bases_in.detach().contiguous();
   const at::Tensor ref_ranks = ref_ranks_in.detach().contiguous();
-  const int64_t n_tokens = x.size(0), d = x.size(1);
-  const int64_t n = n_tokens * (n_tokens - 1) / 2;
-  TORCH_CHECK(bases.dim() == 3 && bases.size(1) == d && bases.size(2) >= 1,
-              "subspace_pga_rhos: bases must be B×d×k with d=", d);
-  TORCH_CHECK(bases.scalar_type() == x.scalar_type(), "subspace_pga_rhos: bases and x dtypes differ");
-  TORCH_CHECK(ref_ranks.dim() == 1 && ref_ranks.size(0) == n && ref_ranks.scalar_type() == at::kDouble,
-              "subspace_pga_rhos: ref_ranks must be float64 of length N(N−1)/2 = ", n);
-  TORCH_CHECK(bases.device().is_cpu() && ref_ranks.device().is_cpu(), "subspace_pga_rhos: CPU tensors");
-  TORCH_CHECK(n_tokens <= kMaxTokensRhos, "subspace_pga_rhos: at most ", kMaxTokensRhos,
-              " tokens (twice the ranks are carried as 32-bit integers), got ", n_tokens);
+  const int64_t n_tokens = x.size(0);
   const int64_t n_bases = bases.size(0), k = bases.size(2);
   at::Tensor rhos = at::full({n_bases}, std::numeric_limits<double>::quiet_NaN(),
                              x.options().dtype(at::kDouble));
@@ -170,6 +187,149 @@ at::Tensor subspace_pga_rhos_cpu(const at::Tensor& x_in, const at::Tensor& bases
   return rhos;
 }
 
+#ifdef REPCAP_WITH_CUDA
+// CUDA: per batch of B subspaces, the projections x·B_b as one cuBLAS GEMM (N × B·k, on the
+// current stream, following torch's float32 matmul precision), row norms, then the fused
+// normalization + distance-key kernel for all B, one CUB radix sort per subspace, and the fused
+// rank + correlation pass. Memory: (key + 4 B) per pair per subspace, plus one shared sort
+// scratch of (key + 4 B) per pair and 4 B per pair of twice the reference ranks.
+template <typename T>
+struct CudaKey;
+template <>
+struct CudaKey<float> {
+  using type = uint32_t;
+  static constexpr at::ScalarType storage = at::kInt;
+};
+template <>
+struct CudaKey<double> {
+  using type = uint64_t;
+  static constexpr at::ScalarType storage = at::kLong;
+};
+
+template <typename U>
+U* as_unsigned(const at::Tensor& t) {
+  return reinterpret_cast<U*>(t.data_ptr());
+}
+
+void check_cuda(const char* err, const char* op) { TORCH_CHECK(err == nullptr, op, " (cuda): ", err ? err : ""); }
+
+// keys and values of n pairs per subspace, sorted per subspace in place.
+template <typename T>
+void sort_segments(at::Tensor& keys, at::Tensor& values, int64_t n_bases, int64_t n, cudaStream_t stream,
+                   const char* op) {
+  using Key = typename CudaKey<T>::type;
+  at::Tensor alt_keys = at::empty({n}, keys.options());
+  at::Tensor alt_values = at::empty({n}, values.options());
+  const size_t temp_bytes = repcap::cuda::subspace_pga_sort_temp_bytes(n, sizeof(Key) == 8);
+  at::Tensor temp = at::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, keys.options().dtype(at::kByte));
+  for (int64_t b = 0; b < n_bases; ++b) {
+    check_cuda(repcap::cuda::subspace_pga_sort_pairs_cuda(as_unsigned<Key>(keys) + b * n,
+                                                          as_unsigned<uint32_t>(values) + b * n,
+                                                          as_unsigned<Key>(alt_keys), as_unsigned<uint32_t>(alt_values),
+                                                          n, temp.data_ptr(), temp_bytes, stream),
+               op);
+  }
+}
+
+template <typename T>
+at::Tensor subspace_pga_ranks_cuda_impl(const at::Tensor& x) {
+  using Key = typename CudaKey<T>::type;
+  const int64_t n_tokens = x.size(0), d = x.size(1);
+  const int64_t n = n_tokens * (n_tokens - 1) / 2;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  at::Tensor norms = at::empty({n_tokens}, x.options());
+  at::Tensor zero_row = at::zeros({1}, x.options().dtype(at::kInt));
+  check_cuda(repcap::cuda::subspace_pga_row_norms_cuda(x.data_ptr<T>(), 1, n_tokens, d, norms.data_ptr<T>(),
+                                                       zero_row.data_ptr<int32_t>(), stream),
+             "subspace_pga_ranks");
+  TORCH_CHECK(zero_row.item<int32_t>() == 0, "subspace_pga_ranks: x has a zero row");
+  at::Tensor keys = at::empty({n}, x.options().dtype(CudaKey<T>::storage));
+  at::Tensor pairs = at::empty({n}, x.options().dtype(at::kInt));
+  check_cuda(repcap::cuda::subspace_pga_distance_keys_cuda(x.data_ptr<T>(), norms.data_ptr<T>(), 1, n_tokens, d,
+                                                           nullptr, as_unsigned<Key>(keys),
+                                                           as_unsigned<uint32_t>(pairs), stream),
+             "subspace_pga_ranks");
+  sort_segments<T>(keys, pairs, 1, n, stream, "subspace_pga_ranks");
+  at::Tensor ranks = at::empty({n}, x.options().dtype(at::kDouble));
+  check_cuda(repcap::cuda::subspace_pga_scatter_ranks_cuda(as_unsigned<Key>(keys), as_unsigned<uint32_t>(pairs), n,
+                                                           ranks.data_ptr<double>(), stream),
+             "subspace_pga_ranks");
+  return ranks;
+}
+
+at::Tensor subspace_pga_ranks_cuda(const at::Tensor& x_in) {
+  check_x(x_in, "subspace_pga_ranks");
+  TORCH_CHECK(x_in.is_cuda(), "subspace_pga_ranks (cuda): x must be a CUDA tensor");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.detach().contiguous();
+  at::Tensor ranks;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "subspace_pga_ranks_cuda",
+                             [&] { ranks = subspace_pga_ranks_cuda_impl<scalar_t>(x); });
+  return ranks;
+}
+
+template <typename T>
+void subspace_pga_rhos_cuda_impl(const at::Tensor& x, const at::Tensor& bases, const at::Tensor& twice_ref,
+                                 double ref_sum_sq, at::Tensor& rhos) {
+  using Key = typename CudaKey<T>::type;
+  const int64_t n_tokens = x.size(0), d = x.size(1);
+  const int64_t n_bases = bases.size(0), k = bases.size(2);
+  const int64_t n = n_tokens * (n_tokens - 1) / 2;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  // All projections as one GEMM: x (N×d) · [B_0 … B_{B−1}] (d × B·k), then laid out B×N×k.
+  const at::Tensor stacked = bases.permute({1, 0, 2}).reshape({d, n_bases * k});
+  const at::Tensor proj = at::mm(x, stacked).view({n_tokens, n_bases, k}).permute({1, 0, 2}).contiguous();
+  at::Tensor norms = at::empty({n_bases, n_tokens}, x.options());
+  at::Tensor zero_row = at::zeros({n_bases}, x.options().dtype(at::kInt));
+  check_cuda(repcap::cuda::subspace_pga_row_norms_cuda(proj.data_ptr<T>(), n_bases, n_tokens, k,
+                                                       norms.data_ptr<T>(), zero_row.data_ptr<int32_t>(), stream),
+             "subspace_pga_rhos");
+  at::Tensor keys = at::empty({n_bases, n}, x.options().dtype(CudaKey<T>::storage));
+  at::Tensor values = at::empty({n_bases, n}, x.options().dtype(at::kInt));
+  check_cuda(repcap::cuda::subspace_pga_distance_keys_cuda(
+                 proj.data_ptr<T>(), norms.data_ptr<T>(), n_bases, n_tokens, k, as_unsigned<uint32_t>(twice_ref),
+                 as_unsigned<Key>(keys), as_unsigned<uint32_t>(values), stream),
+             "subspace_pga_rhos");
+  sort_segments<T>(keys, values, n_bases, n, stream, "subspace_pga_rhos");
+  at::Tensor scratch =
+      at::empty({n_bases * repcap::cuda::subspace_pga_correlation_scratch(n)}, x.options().dtype(at::kDouble));
+  check_cuda(repcap::cuda::subspace_pga_rank_correlation_cuda(
+                 as_unsigned<Key>(keys), as_unsigned<uint32_t>(values), n_bases, n, ref_sum_sq,
+                 zero_row.data_ptr<int32_t>(), scratch.data_ptr<double>(), rhos.data_ptr<double>(), stream),
+             "subspace_pga_rhos");
+}
+
+at::Tensor subspace_pga_rhos_cuda(const at::Tensor& x_in, const at::Tensor& bases_in, const at::Tensor& ref_ranks_in) {
+  const int64_t n = check_rhos_inputs(x_in, bases_in, ref_ranks_in);
+  TORCH_CHECK(x_in.is_cuda(), "subspace_pga_rhos (cuda): CUDA tensors");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.detach().contiguous();
+  const at::Tensor bases = bases_in.detach().contiguous();
+  const at::Tensor ref = ref_ranks_in.detach().contiguous();
+  // The reference ranks travel through each sort as the integers 2·s (checked on the device,
+  // one synchronization): multiples of 1/2 in [1, n] that sum to n(n+1)/2.
+  at::Tensor twice_ref;  // 2·s < 2^32, carried as uint32 bits (the temporaries die here)
+  {
+    const at::Tensor twice = ref * 2.0;
+    const bool valid = at::logical_and(at::logical_and(twice >= 2.0, twice <= 2.0 * static_cast<double>(n)),
+                                       twice == at::floor(twice))
+                           .all()
+                           .item<bool>();
+    TORCH_CHECK(valid, "subspace_pga_rhos: ref_ranks must be average ranks (multiples of 1/2 in [1, n])");
+    const at::Tensor twice_i64 = twice.to(at::kLong);
+    TORCH_CHECK(twice_i64.sum().item<int64_t>() == n * (n + 1),
+                "subspace_pga_rhos: ref_ranks must be average ranks (they sum to n(n+1)/2)");
+    twice_ref = twice_i64.to(at::kInt);
+  }
+  const double mean = 0.5 * static_cast<double>(n + 1);
+  const double ref_sum_sq = (ref - mean).square().sum().item<double>();
+  at::Tensor rhos = at::empty({bases.size(0)}, x.options().dtype(at::kDouble));
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "subspace_pga_rhos_cuda",
+                             [&] { subspace_pga_rhos_cuda_impl<scalar_t>(x, bases, twice_ref, ref_sum_sq, rhos); });
+  return rhos;
+}
+#endif
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(repcap_fast, m) {
@@ -181,3 +341,10 @@ TORCH_LIBRARY_IMPL(repcap_fast, CPU, m) {
   m.impl("subspace_pga_ranks", &subspace_pga_ranks_cpu);
   m.impl("subspace_pga_rhos", &subspace_pga_rhos_cpu);
 }
+
+#ifdef REPCAP_WITH_CUDA
+TORCH_LIBRARY_IMPL(repcap_fast, CUDA, m) {
+  m.impl("subspace_pga_ranks", &subspace_pga_ranks_cuda);
+  m.impl("subspace_pga_rhos", &subspace_pga_rhos_cuda);
+}
+#endif

@@ -18,6 +18,7 @@ subspace at a time (O(N²) memory for one subspace, never for all of them).
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence
@@ -352,12 +353,50 @@ def _subspace_rhos_torch(x: torch.Tensor, d_full_ranks: torch.Tensor, bases: tor
     return rhos
 
 
-def _batch_size(batch, n_tokens: int, n_bases: int) -> int:
-    if batch is None:
-        return max(1, min(n_bases, 16))
-    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-        raise ValueError(f"batch must be an int >= 1 (subspaces per kernel call), got {batch!r}")
-    return int(batch)
+# Bytes per pair of one kernel call: (per subspace in flight, held once per call) for float32
+# keys, and the extra of float64 keys. cpu: each thread sorts keys and 32-bit payloads with
+# scratch twins; once: the float64 reference ranks and twice them as uint32. cuda: keys and
+# payloads of every subspace of the batch; once: reference ranks, twice them, and the shared
+# sort scratch. triton: see triton_kernels/subspace_pga.py.
+_PAIR_BYTES = {"cpu": ((16, 12), (8, 0)), "cuda": ((8, 20), (4, 4)), "triton": ((32, 12), (16, 0))}
+
+
+def _memory_budget(device: torch.device) -> int:
+    """Half of the memory free now: on the GPU (torch.cuda.mem_get_info), or the host's."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free // 2
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+def pga_batch_bytes(backend: str, n_tokens: int, k: int, batch: int, dtype=torch.float32) -> int:
+    """Peak extra bytes of one kernel call over `batch` subspaces (the model the auto batch
+    size uses): per pair, per subspace in flight, plus what the call holds once."""
+    n = n_tokens * (n_tokens - 1) // 2
+    (per, once), (per_wide, once_wide) = _PAIR_BYTES[backend]
+    wide = dtype == torch.float64
+    elem = 8 if wide else 4
+    in_flight = min(batch, torch.get_num_threads()) if backend == "cpu" else batch
+    rows = n_tokens * (k + 1 + (256 if backend == "cpu" else 0))  # projection, norms, a Gram tile
+    return in_flight * (n * (per + wide * per_wide) + rows * elem) + n * (once + wide * once_wide)
+
+
+def _batch_size(batch, name: str, n_tokens: int, k: int, n_bases: int, dtype, device) -> int:
+    """Subspaces per kernel call: `batch`, or the most that fit half of the free memory."""
+    if batch is not None:
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise ValueError(f"batch must be an int >= 1 (subspaces per kernel call), got {batch!r}")
+        return int(batch)
+    budget = _memory_budget(device)
+    fit = 1
+    while fit < n_bases and pga_batch_bytes(name, n_tokens, k, fit * 2, dtype) <= budget:
+        fit *= 2
+    while fit > 1 and pga_batch_bytes(name, n_tokens, k, fit, dtype) > budget:
+        fit //= 2
+    return max(1, min(fit, n_bases, 16 if name == "cpu" else 64))  # cpu: progress granularity
 
 
 def _subspace_name(b: int) -> str:
@@ -366,7 +405,7 @@ def _subspace_name(b: int) -> str:
 
 def _kernel_ops(name: str):
     """(ranks, rhos) functions of a kernel backend, with the ops' contract."""
-    if name == "cpu":
+    if name in ("cpu", "cuda"):
         return torch.ops.repcap_fast.subspace_pga_ranks, torch.ops.repcap_fast.subspace_pga_rhos
     from .triton_kernels import subspace_pga_ranks_triton, subspace_pga_rhos_triton
 
@@ -416,22 +455,26 @@ def subspace_pga(
         n_null: number of random subspaces (≥ 2), drawn with `grassmann_bases(d, k, n_null, seed)`.
         ccr: principal components removed after centering (0 ≤ ccr < min(N, d)).
         method: "exact" (average ranks over all N(N−1)/2 pairs).
-        batch: subspaces per call of the fused kernel (default 16; progress is reported per
-            batch). A call runs min(batch, threads) subspaces at once, each thread holding
-            16 B per pair (24 B for float64 H: keys and carried ranks, twice for the sort) and a
-            256×N tile; the call also holds 12 B per pair of reference ranks. So the extra
-            memory is about (16·min(batch, threads) + 12)·N(N−1)/2 bytes on the cpu backend,
-            never all subspaces'; the triton path holds about 80 B per pair for each subspace
-            of a batch while it ranks them.
-        backend: "auto" picks "cpu" for CPU tensors and "triton" for CUDA tensors.
+        batch: subspaces per call of the fused kernel. Default: the most that fit half of the
+            memory free now (GPU memory for CUDA tensors, else host memory), at most 16 on the
+            cpu backend and 64 on the GPU; progress is reported per call. `pga_batch_bytes`
+            gives the model: per pair, each subspace in flight holds 16 B on cpu (24 B for
+            float64 H; in flight: min(batch, threads)), 8 B on cuda (12 B), and 32 B on triton
+            (48 B); a call also holds 12-24 B per pair once (reference ranks, sort scratch).
+            Never all subspaces' distances at once beyond that budget.
+        backend: "auto" picks "cpu" for CPU tensors and "cuda" (else "triton") for CUDA tensors.
             "cpu": the fused C++ kernel (projection, distance keys, radix sort, tie-aware ranks
-            and their correlation), at most 65,536 tokens.
-            "triton": a Triton kernel writes a batch of subspaces' distances, torch.sort orders
-            them, and the tie-aware ranks and ρ are reduced with torch ops in float64 (GPU
-            tensors, or CPU under TRITON_INTERPRET=1).
+            and their correlation), multi-threaded over subspaces, at most 65,536 tokens.
+            "cuda": the projections as one cuBLAS GEMM, then a kernel that normalizes the rows
+            and writes every pair's sortable distance key with its reference rank, a CUB radix
+            sort per subspace, and one fused pass from sorted keys to tie-averaged ranks and ρ.
+            "triton": a Triton kernel writes a batch of subspaces' distance keys, torch.sort
+            orders them, and a Triton kernel reduces the tie-aware ranks and ρ (GPU tensors,
+            or CPU under TRITON_INTERPRET=1).
             "torch": the float64 reference, a per-subspace loop.
-            "cuda" is not implemented yet. The kernels form distances in float32 (float64 for
-            float64 H) after centering and CCR in float64.
+            The kernels form distances in float32 (float64 for float64 H) after centering and
+            CCR in float64. The rank pass is shared host/device code
+            (csrc/subspace_pga_epilogue.h).
         progress: a bar over the subspaces (default: on when N(N−1)/2·(n_null+1) ≥ 2e8).
 
     Returns a PGAResult (z, rho_readout, null_rhos, null_mean, null_std with ddof = 1, n_pairs).
@@ -459,10 +502,11 @@ def subspace_pga(
 
         bar = tqdm(total=n_null + 1, desc="subspace PGA", unit=" subspace", leave=False)
     try:
-        if name in ("cpu", "triton"):
+        if name in ("cpu", "cuda", "triton"):
             bases = torch.cat([readout.to(x.device)[None], nulls])
             xk = x.to(val.compute_dtype(H.dtype)).contiguous()
-            rhos = _subspace_rhos_kernel(name, xk, bases, _batch_size(batch, N, n_null + 1), bar)
+            size = _batch_size(batch, name, N, k, n_null + 1, xk.dtype, xk.device)
+            rhos = _subspace_rhos_kernel(name, xk, bases, size, bar)
             rho_readout, null_rhos = rhos[0], rhos[1:]
         else:
             d_full_ranks = average_ranks(_condensed_cosine_distances(x, "H"))

@@ -138,17 +138,78 @@ def test_packing_on_gpu():
 
 # --- subspace PGA on CUDA tensors -----------------------------------------------------------------
 
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("n,d,k", [(3, 5, 2), (97, 33, 5), (1025, 256, 64)])
-def test_pga_triton_on_gpu(n, d, k, dtype):
+@pytest.mark.parametrize("n,d,k", [(3, 5, 2), (97, 33, 5), (1025, 256, 64), (130, 40, 1)])
+def test_pga_on_gpu(n, d, k, dtype, backend):
     from repcap_fast import pga
 
+    if backend not in gpu_backends():
+        pytest.fail(f"backend {backend} was not built on this GPU machine")
     g = torch.Generator().manual_seed(n + d)
     h = (torch.randn(n, d, generator=g, dtype=torch.float64) @ torch.randn(d, d, generator=g, dtype=torch.float64)).to(dtype)
     w = torch.randn(3 * d, d, generator=g, dtype=torch.float64)
-    got = pga.subspace_pga(h.cuda(), w.cuda(), k=k, n_null=9, ccr=1, seed=4)
-    assert got.backend == "triton"
+    got = pga.subspace_pga(h.cuda(), w.cuda(), k=k, n_null=9, ccr=1, seed=4, backend=backend, batch=4)
+    assert got.backend == backend
     ref = pga.subspace_pga(h, w, k=k, n_null=9, ccr=1, seed=4, backend="torch")
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     assert got.rho_readout == pytest.approx(ref.rho_readout, abs=tol)
     assert max(abs(a - b) for a, b in zip(got.null_rhos, ref.null_rhos)) <= tol
+
+
+def test_pga_auto_on_gpu_is_the_cuda_kernel_and_deterministic():
+    from repcap_fast import pga
+
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(700, 64, generator=g, dtype=torch.float64)
+    w = torch.randn(200, 64, generator=g, dtype=torch.float64)
+    a = pga.subspace_pga(h.float().cuda(), w.cuda(), k=16, n_null=20)
+    b = pga.subspace_pga(h.float().cuda(), w.cuda(), k=16, n_null=20, batch=3)
+    assert a.backend == ("cuda" if rf.info()["built"]["cuda"] else "triton")
+    assert a.to_dict() == b.to_dict()  # batching does not change a bit
+    cpu = pga.subspace_pga(h.float(), w, k=16, n_null=20, backend="cpu")
+    assert max(abs(x - y) for x, y in zip([a.rho_readout, *a.null_rhos], [cpu.rho_readout, *cpu.null_rhos])) < 2e-6
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_pga_ranks_on_gpu_match_scipy_with_exact_ties(backend):
+    import numpy as np
+    from scipy.spatial.distance import pdist
+    from scipy.stats import rankdata
+
+    from repcap_fast import pga
+
+    r = np.random.default_rng(4)
+    h = np.zeros((900, 5))  # scaled one-hot rows: every distance is exactly 0 or 1, runs of ~10^5
+    h[np.arange(900), r.integers(0, 5, 900)] = r.choice([49.0, 7.0, 11.0, 0.1, 3.0, -2.5], 900)
+    ranks_fn, rhos_fn = pga._kernel_ops(backend)
+    for dtype in (torch.float32, torch.float64):
+        ranks = ranks_fn(torch.from_numpy(h).to(dtype).cuda())
+        np.testing.assert_array_equal(ranks.cpu().numpy(), rankdata(pdist(h, "cosine")))
+    x = r.standard_normal((1500, 7))
+    ranks = ranks_fn(torch.from_numpy(x).float().cuda())
+    ref = pga.average_ranks(torch.from_numpy(pdist(x.astype(np.float32).astype(np.float64), "cosine")))
+    assert float((ranks.cpu() - ref).abs().max()) <= 2.0  # float32 vs float64 distances: near-ties may swap
+
+
+def test_pga_cuda_rejects_bad_reference_ranks_and_zero_rows():
+    from repcap_fast import pga
+
+    if "cuda" not in gpu_backends():
+        pytest.fail("backend cuda was not built on this GPU machine")
+    x = torch.randn(30, 6, device="cuda")
+    bases = pga.grassmann_bases(6, 2, 3, seed=0).float().cuda()
+    ranks = torch.ops.repcap_fast.subspace_pga_ranks(x)
+    with pytest.raises(RuntimeError, match="ref_ranks must be average ranks"):
+        torch.ops.repcap_fast.subspace_pga_rhos(x, bases, ranks + 0.25)
+    with pytest.raises(RuntimeError, match="ref_ranks must be average ranks"):
+        torch.ops.repcap_fast.subspace_pga_rhos(x, bases, torch.ones_like(ranks))
+    with pytest.raises(RuntimeError, match="zero row"):
+        torch.ops.repcap_fast.subspace_pga_ranks(torch.zeros(5, 3, device="cuda"))
+    e = torch.eye(6, dtype=torch.float32, device="cuda")
+    rhos = torch.ops.repcap_fast.subspace_pga_rhos(e[:, :], torch.stack([e[:, :2], e[:, 2:4]]),
+                                                   torch.ops.repcap_fast.subspace_pga_ranks(e))
+    assert torch.isnan(rhos).all()  # rows 2..5 project to zero on e0,e1: NaN, never a number
+    torch.library.opcheck(torch.ops.repcap_fast.subspace_pga_ranks.default, (x,))
+    torch.library.opcheck(torch.ops.repcap_fast.subspace_pga_rhos.default, (x, bases, ranks))
+

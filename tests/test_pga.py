@@ -206,7 +206,7 @@ W_OK = torch.randn(50, 8)
     (lambda: pga.subspace_pga(torch.ones(20, 8), W_OK, k=2, ccr=0), "zero-norm rows after centering"),
     (lambda: pga.subspace_pga(H_OK, W_OK, k=2, ccr=8), "ccr must be < min"),
     (lambda: pga.subspace_pga(H_OK, W_OK, k=2, method="stream"), "method must be"),
-    (lambda: pga.subspace_pga(H_OK, W_OK, k=2, backend="cuda"), "not implemented yet"),
+    (lambda: pga.subspace_pga(H_OK, W_OK, k=2, backend="cuda"), "backend='cuda' is not available"),
     (lambda: pga.subspace_pga(H_OK, W_OK, k=2, backend="cpu", batch=0), "batch must be"),
     (lambda: pga.readout_basis(W_OK, 2, layout="xx"), "layout must be"),
     (lambda: pga.grassmann_bases(8, 8, 3), "k < d"),
@@ -403,10 +403,15 @@ def test_info_reports_the_pga_backends():
     import repcap_fast as rf
 
     ops = rf.info()["ops"]["subspace_pga"]
-    assert ops["cpu"] == "cpu" and ops["cuda"] in ("triton", "torch")  # triton when installed
+    built = rf.info()["built"]
+    assert ops["cpu"] == "cpu"
+    assert ops["cuda"] == ("cuda" if built["cuda"] else "triton" if built["triton"] else "torch")
 
 
 def test_global_backend_override_is_ignored_where_missing(monkeypatch):
+    from repcap_fast import _backends
+
+    monkeypatch.setitem(_backends.OP_BACKENDS, "subspace_pga", ("triton", "cpu", "torch"))
     monkeypatch.setenv("REPCAP_BACKEND", "cuda")
     with pytest.warns(RuntimeWarning, match="no 'cuda' backend"):
         res = pga.subspace_pga(H_OK, W_OK, k=2, n_null=2)
@@ -442,3 +447,88 @@ def test_triton_matches_cpu_kernel(dtype):
     a = pga.subspace_pga(h, w, k=6, n_null=7, backend="triton", batch=3)
     b = pga.subspace_pga(h, w, k=6, n_null=7, backend="cpu")
     np.testing.assert_allclose([a.rho_readout, *a.null_rhos], [b.rho_readout, *b.null_rhos], atol=2e-6)
+
+
+# --- the shared host/device rank pass (csrc/subspace_pga_epilogue.h, also run by the CUDA kernel)
+
+
+def _hooks():
+    from repcap_fast import _C
+
+    if _C is None:
+        pytest.skip("repcap_fast._C is not built")
+    return _C
+
+
+def test_sortable_keys_order_like_the_floats():
+    C = _hooks()
+    r = rng(21)
+    vals = np.concatenate([[0.0, 2.0, 1.0, np.nextafter(0, 1), np.nextafter(2, 0), -1.5, -0.25],
+                           r.uniform(0, 2, 200), r.standard_normal(50)])
+    for f in (C._sortable_key_f32, C._sortable_key_f64):
+        cast = np.float32 if f is C._sortable_key_f32 else np.float64
+        v = np.unique(vals.astype(cast))  # strictly increasing
+        keys = [f(float(x)) for x in v]
+        assert all(a < b for a, b in zip(keys, keys[1:]))
+
+
+@pytest.mark.parametrize("runs", [[1] * 9, [5], [1, 3, 1, 2, 1, 40, 1], [1000, 1, 17, 256]])
+def test_run_bounds_match_searchsorted(runs):
+    C = _hooks()
+    sorted_keys = np.repeat(np.arange(len(runs)) * 7 + 3, runs).astype(np.uint64)
+    for t in range(0, len(sorted_keys), max(1, len(sorted_keys) // 97)):
+        lo = np.searchsorted(sorted_keys, sorted_keys[t], "left")
+        hi = np.searchsorted(sorted_keys, sorted_keys[t], "right")
+        assert C._run_bounds(sorted_keys.tolist(), t) == (lo, hi)
+
+
+@pytest.mark.parametrize("levels", [3, 40, 10**6])
+def test_per_position_rank_pass_matches_scipy(levels):
+    """The CUDA kernel's per-position pass (neighbour test, galloping run search, average rank,
+    float64 terms), run on the host through the shared header, against scipy.stats.spearmanr."""
+    C = _hooks()
+    r = rng(levels)
+    n = 3000
+    a = r.integers(0, levels, n).astype(np.uint64)  # the subspace's keys, with ties
+    ref = rankdata(r.integers(0, 50, n))  # reference average ranks, with ties
+    order = np.argsort(a, kind="stable")
+    twice_ref = (2 * ref[order]).astype(np.uint32)
+    mean = (n + 1) / 2
+    cross, sum_sq, rho = C._rank_correlation_sorted(a[order].tolist(), twice_ref.tolist(),
+                                                    float(((ref - mean) ** 2).sum()))
+    ra = rankdata(a)
+    assert sum_sq == pytest.approx(((ra - mean) ** 2).sum(), rel=1e-12)
+    assert cross == pytest.approx(((ra - mean) * (ref - mean)).sum(), rel=1e-12, abs=1e-6)
+    assert rho == pytest.approx(spearmanr(a, ref).statistic, abs=1e-13)
+    assert math.isnan(C._rank_correlation_sorted([5] * 10, list(range(2, 22, 2)), 82.5)[2])  # constant side
+
+
+# --- batch size from the memory budget
+
+
+def test_batch_follows_the_memory_budget(monkeypatch):
+    cpu = torch.device("cpu")
+    n_tok, k = 300, 7
+    one = pga.pga_batch_bytes("cuda", n_tok, k, 1)
+    two = pga.pga_batch_bytes("cuda", n_tok, k, 2)
+    assert pga.pga_batch_bytes("cuda", n_tok, k, 8) - one == 7 * (two - one) > 0  # linear in the batch
+    assert pga.pga_batch_bytes("cuda", n_tok, k, 1, torch.float64) > one  # wider keys
+    monkeypatch.setattr(pga, "_memory_budget", lambda device: pga.pga_batch_bytes("cuda", n_tok, k, 5))
+    assert pga._batch_size(None, "cuda", n_tok, k, 101, torch.float32, cpu) == 4  # largest power of 2 that fits
+    monkeypatch.setattr(pga, "_memory_budget", lambda device: 1)
+    assert pga._batch_size(None, "cuda", n_tok, k, 101, torch.float32, cpu) == 1  # always at least one
+    assert pga._batch_size(7, "cuda", n_tok, k, 101, torch.float32, cpu) == 7  # an explicit batch wins
+    monkeypatch.setattr(pga, "_memory_budget", lambda device: 1 << 50)
+    assert pga._batch_size(None, "cuda", n_tok, k, 101, torch.float32, cpu) == 64
+    assert pga._batch_size(None, "cpu", n_tok, k, 101, torch.float32, cpu) == 16
+    assert pga._batch_size(None, "cpu", n_tok, k, 3, torch.float32, cpu) == 3
+
+
+def test_a_tight_memory_budget_gives_the_same_result(monkeypatch):
+    r = rng(31)
+    h = torch.from_numpy(r.standard_normal((80, 10)))
+    w = torch.from_numpy(r.standard_normal((40, 10)))
+    wide = pga.subspace_pga(h, w, k=3, n_null=7, backend="cpu")
+    monkeypatch.setattr(pga, "_memory_budget", lambda device: 1)
+    tight = pga.subspace_pga(h, w, k=3, n_null=7, backend="cpu")
+    assert tight.to_dict() == wide.to_dict()

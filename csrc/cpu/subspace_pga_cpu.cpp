@@ -78,8 +78,7 @@ void scatter_average_ranks(const Key* sorted_keys, const uint32_t* sorted_pairs,
                            double* ranks) {
   int64_t start = 0;
   while (start < n) {
-    int64_t end = start + 1;
-    while (end < n && sorted_keys[end] == sorted_keys[start]) ++end;
+    const int64_t end = run_end(sorted_keys, n, start);
     const double rank = average_rank(start, end);
     for (int64_t t = start; t < end; ++t) ranks[sorted_pairs[t]] = rank;
     start = end;
@@ -113,8 +112,7 @@ RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* s
       continue;
     }
     const int64_t start = t;
-    int64_t end = t + 2;
-    while (end < n && sorted_keys[end] == sorted_keys[start]) ++end;
+    const int64_t end = run_end(sorted_keys, n, start);
     const double avg = average_rank(start, end);
     for (int64_t u = start; u < end; ++u) {
       const double plain = static_cast<double>(u + 1);
