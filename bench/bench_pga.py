@@ -1,6 +1,7 @@
-"""Benchmark of subspace_pga: the fused CPU kernel against a plain loop over
-scipy.stats.spearmanr (with scipy's pdist) and against the float64 torch reference, in one run,
-as ratios, with peak extra memory (fresh process per variant).
+"""Benchmark of subspace_pga: the fused CPU kernel (and method="stream") against a plain loop
+over scipy.stats.spearmanr (with scipy's pdist) and against the float64 torch reference, in one
+run, as ratios, with peak extra memory (fresh process per variant). On a GPU: the cuda and
+triton backends against the torch per-subspace loop on the same GPU.
 
     python -m pytest bench/bench_pga.py -s              # CPU: N=1024, d=512, k=64, 100 nulls
     python -m pytest bench/bench_pga.py -s -k gpu       # GPU: N=4096, d=4096, k=100, 100 nulls
@@ -55,6 +56,8 @@ def scipy_loop(h, w):
 def run(variant, h, w):
     if variant == "scipy_loop":
         return scipy_loop(h, w)
+    if variant == "cpu_stream":
+        return pga.subspace_pga(h, w, k=K, n_null=NULLS, ccr=1, seed=0, method="stream", progress=False).z
     backend = {"cpu_kernel": "cpu", "torch_reference": "torch"}[variant]
     return pga.subspace_pga(h, w, k=K, n_null=NULLS, ccr=1, seed=0, backend=backend, progress=False).z
 
@@ -79,7 +82,7 @@ def inputs():
     return make_inputs()
 
 
-@pytest.mark.parametrize("variant", ["cpu_kernel", "torch_reference", "scipy_loop"])
+@pytest.mark.parametrize("variant", ["cpu_kernel", "cpu_stream", "torch_reference", "scipy_loop"])
 def test_cpu(benchmark, inputs, variant):
     h, w = inputs
     z = run(variant, h, w)  # warm-up
@@ -88,6 +91,8 @@ def test_cpu(benchmark, inputs, variant):
     st = benchmark.stats.stats
     for other, res in RESULTS.items():  # every variant computes the same z
         assert abs(res["z"] - float(z)) < 1e-4 * max(1.0, abs(float(z))), (variant, other, z, res["z"])
+    if variant == "cpu_stream" and "cpu_kernel" in RESULTS:
+        RESULTS["cpu_kernel"]["z_stream_minus_exact"] = float(z) - RESULTS["cpu_kernel"]["z"]
     RESULTS[variant] = {"seconds": st.median, "min_seconds": st.min, "rounds": rounds, "z": float(z),
                         **memory(variant)}
 
@@ -97,7 +102,7 @@ GPU_N, GPU_D, GPU_K = (1024, 512, 64) if SMOKE else (4096, 4096, 100)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", ["cuda", "triton", "torch"])
 def test_gpu(benchmark, backend):
     g = torch.Generator().manual_seed(0)
     h = (torch.randn(GPU_N, GPU_D, generator=g) @ (torch.randn(GPU_D, GPU_D, generator=g) / GPU_D**0.5)).cuda()
@@ -111,7 +116,7 @@ def test_gpu(benchmark, backend):
     z = once()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    benchmark.pedantic(once, rounds=3 if backend == "triton" else 1, iterations=1, warmup_rounds=0)
+    benchmark.pedantic(once, rounds=1 if backend == "torch" else 3, iterations=1, warmup_rounds=0)
     GPU_RESULTS[backend] = {"seconds": benchmark.stats.stats.median, "z": float(z),
                             "peak_extra_bytes": torch.cuda.max_memory_allocated() - base}
 
@@ -121,19 +126,23 @@ def teardown_module(module):
         payload = {"op": "subspace_pga", "N": GPU_N, "d": GPU_D, "k": GPU_K, "n_null": NULLS,
                    "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
                    "device": torch.cuda.get_device_name(0), "results": GPU_RESULTS}
-        if {"triton", "torch"} <= set(GPU_RESULTS):
-            payload["torch_loop_over_triton"] = GPU_RESULTS["torch"]["seconds"] / GPU_RESULTS["triton"]["seconds"]
+        for name in ("cuda", "triton"):
+            if {name, "torch"} <= set(GPU_RESULTS):
+                payload[f"torch_loop_over_{name}"] = GPU_RESULTS["torch"]["seconds"] / GPU_RESULTS[name]["seconds"]
         os.makedirs(OUT_DIR, exist_ok=True)
         with open(os.path.join(OUT_DIR, "pga_gpu.json"), "w") as f:
             json.dump(payload, f, indent=2)
         print(f"\n== subspace_pga gpu: N={GPU_N}, d={GPU_D}, k={GPU_K}, {NULLS} nulls ==")
         for name, r in GPU_RESULTS.items():
             print(f"{name:<8} {r['seconds']:9.3f} s   z={r['z']:.6f}   peak extra {r['peak_extra_bytes'] / 2**20:.0f} MiB")
+        for key in ("torch_loop_over_cuda", "torch_loop_over_triton"):
+            if key in payload:
+                print(f"{key:<24} {payload[key]:.1f}x")
     if not RESULTS:
         return
     ratios = {}
     if "cpu_kernel" in RESULTS:
-        for other in ("scipy_loop", "torch_reference"):
+        for other in ("scipy_loop", "torch_reference", "cpu_stream"):
             if other in RESULTS:
                 ratios[f"{other}_over_cpu_kernel"] = RESULTS[other]["seconds"] / RESULTS["cpu_kernel"]["seconds"]
     payload = {"op": "subspace_pga (CCR-1, readout + nulls)", "N": N, "d": D, "k": K, "n_null": NULLS,

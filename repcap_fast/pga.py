@@ -29,7 +29,9 @@ import torch
 from . import _validation as val
 
 LAYOUTS = ("hf", "tl")
-METHODS = ("exact",)
+METHODS = ("exact", "stream")
+STREAM_BINS = 1 << 21  # histogram bins over [0, 2] of method="stream": width 9.5e-7
+_STREAM_TILE_ELEMS = 1 << 20  # distances per subspace formed at once by method="stream"
 _CHUNK_BYTES = 32 << 20
 
 
@@ -384,6 +386,75 @@ def pga_batch_bytes(backend: str, n_tokens: int, k: int, batch: int, dtype=torch
     return in_flight * (n * (per + wide * per_wide) + rows * elem) + n * (once + wide * once_wide)
 
 
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+
+
+def _stream_bins(u: torch.Tensor, bins: int, rows: int):
+    """Histogram bins of the cosine distances of the unit rows u (…, N, k), pairs i<j, formed
+    `rows` rows at a time: yields (…, pairs of the block) int64 bins, in condensed order."""
+    N = u.shape[-2]
+    for r0 in range(0, N - 1, rows):
+        r1 = min(N - 1, r0 + rows)
+        dots = u[..., r0:r1, :] @ u[..., r0:, :].transpose(-2, -1)  # (…, r1-r0, N-r0)
+        keep = torch.ones(r1 - r0, N - r0, dtype=torch.bool, device=u.device).triu_(1)
+        dist = (1.0 - dots[..., keep]).clamp_(0.0, 2.0)
+        yield (dist * (bins / 2.0)).to(torch.int64).clamp_(max=bins - 1)
+
+
+def _midranks(hist: torch.Tensor, mean: float):
+    """(R − m per bin, Σ count·(R − m)²): R = count below + (count + 1)/2, the average rank
+    of a bin's pairs were they tied, in float64."""
+    h = hist.to(torch.float64)
+    centered = torch.cumsum(h, dim=-1) - h + 0.5 * (h + 1.0) - mean
+    return centered, (h * centered * centered).sum(dim=-1)
+
+
+def _subspace_rhos_stream(x: torch.Tensor, bases: torch.Tensor, batch: int, bins: int = STREAM_BINS,
+                          tile_elems: int = _STREAM_TILE_ELEMS, progress=None) -> List[float]:
+    """ρ per basis with ranks from histogram CDFs (method="stream"): every distance falls in one
+    of `bins` bins of [0, 2], and the pairs of a bin share the bin's average rank. Two passes
+    over the pairs, recomputing distances tile by tile: the histograms, then Σ (R_F − m)(R_S − m).
+    Memory: O(bins) per subspace of a batch and one tile, never O(pairs)."""
+    N = x.shape[0]
+    n = N * (N - 1) // 2
+    mean = 0.5 * (n + 1)
+    full = _unit(x)
+    # One row blocking for every pass and batch size, so the dot products (and the result) do not
+    # depend on the batch.
+    rows = max(1, min(N - 1, tile_elems // N))
+
+    def histogram(u):  # (…, bins) pair counts
+        lead = int(np.prod(u.shape[:-2])) if u.dim() > 2 else 1
+        offsets = torch.arange(lead, device=u.device)[:, None] * bins
+        hist = torch.zeros(lead * bins, dtype=torch.int64, device=u.device)
+        for b in _stream_bins(u, bins, rows):
+            hist += torch.bincount((b.reshape(lead, -1) + offsets).reshape(-1), minlength=lead * bins)
+        return hist.reshape(*u.shape[:-2], bins)
+
+    full_centered, full_sum_sq = _midranks(histogram(full), mean)
+    rhos: List[float] = []
+    for b0 in range(0, bases.shape[0], batch):
+        proj = torch.matmul(x, bases[b0 : b0 + batch].to(x.dtype))  # (B, N, k)
+        norms = torch.linalg.vector_norm(proj, dim=-1)
+        for b in range(proj.shape[0]):
+            if bool((norms[b] == 0).any()):
+                raise ValueError(f"H projected on {_subspace_name(b0 + b)} has zero-norm rows; cosine distance is undefined")
+        u = proj / norms[..., None]
+        sub_centered, sub_sum_sq = _midranks(histogram(u), mean)
+        cross = torch.zeros(u.shape[0], dtype=torch.float64, device=x.device)
+        for bf, bs in zip(_stream_bins(full, bins, rows), _stream_bins(u, bins, rows)):
+            r_full = full_centered[bf]  # (pairs,)
+            r_sub = torch.gather(sub_centered, 1, bs)  # (B, pairs)
+            cross += r_sub @ r_full
+        den = sub_sum_sq * full_sum_sq
+        rho = torch.where(den > 0, cross / den.clamp_min(1e-300).sqrt(), torch.full_like(cross, float("nan")))
+        rhos.extend(rho.tolist())
+        if progress is not None:
+            progress.update(u.shape[0])
+    return rhos
+
+
 def _batch_size(batch, name: str, n_tokens: int, k: int, n_bases: int, dtype, device) -> int:
     """Subspaces per kernel call: `batch`, or the most that fit half of the free memory."""
     if batch is not None:
@@ -454,7 +525,12 @@ def subspace_pga(
         k: readout dimension (1 ≤ k < d), when W_U is given.
         n_null: number of random subspaces (≥ 2), drawn with `grassmann_bases(d, k, n_null, seed)`.
         ccr: principal components removed after centering (0 ≤ ccr < min(N, d)).
-        method: "exact" (average ranks over all N(N−1)/2 pairs).
+        method: "exact" (average ranks over all N(N−1)/2 pairs, sorted), or "stream": ranks from
+            histogram CDFs (STREAM_BINS = 2^21 bins over [0, 2]; the pairs of a bin share its
+            average rank), with distances recomputed tile by tile in two passes, so memory is
+            O(bins) per subspace of a batch instead of O(pairs). Runs on torch ops on H's device
+            (backend "auto" or "torch"). Measured |Δρ| against exact: 3e-9 at N = 2048 and
+            9e-10 at N = 8192 (README; the tests hold it to 1e-6 at N = 2048).
         batch: subspaces per call of the fused kernel. Default: the most that fit half of the
             memory free now (GPU memory for CUDA tensors, else host memory), at most 16 on the
             cpu backend and 64 on the GPU; progress is reported per call. `pga_batch_bytes`
@@ -482,7 +558,13 @@ def subspace_pga(
     H, N, d = _check_common(H, k, n_null, method)
     from ._backends import resolve_backend
 
-    name = resolve_backend(backend, H.device, "subspace_pga")
+    if method == "stream":
+        if backend not in ("auto", "torch", None):
+            raise ValueError(f"method='stream' runs on torch ops on H's device; backend must be 'auto' or "
+                             f"'torch', got {backend!r}")
+        name = "torch"
+    else:
+        name = resolve_backend(backend, H.device, "subspace_pga")
     readout = _readout_from(W_U, basis, k, layout, d)
     k = int(readout.shape[1])
     x, _ = center_and_ccr(H, ccr)
@@ -502,7 +584,13 @@ def subspace_pga(
 
         bar = tqdm(total=n_null + 1, desc="subspace PGA", unit=" subspace", leave=False)
     try:
-        if name in ("cpu", "cuda", "triton"):
+        if method == "stream":
+            bases = torch.cat([readout.to(x.device)[None], nulls])
+            xk = x.to(val.compute_dtype(H.dtype)).contiguous()
+            size = 16 if batch is None else _batch_size(batch, name, N, k, n_null + 1, xk.dtype, xk.device)
+            rhos = _subspace_rhos_stream(xk, bases, size, progress=bar)
+            rho_readout, null_rhos = rhos[0], rhos[1:]
+        elif name in ("cpu", "cuda", "triton"):
             bases = torch.cat([readout.to(x.device)[None], nulls])
             xk = x.to(val.compute_dtype(H.dtype)).contiguous()
             size = _batch_size(batch, name, N, k, n_null + 1, xk.dtype, xk.device)
@@ -525,8 +613,9 @@ def subspace_pga(
         null_mean=null_mean, null_std=null_std, n_pairs=n_pairs, n_tokens=N, d=d, k=k,
         n_null=int(n_null), ccr=int(ccr), seed=int(seed), method=method, backend=name,
         settings={"layout": layout, "readout": "basis" if basis is not None else "W_U",
-                  "ranks": "average (ties)",
-                  "distances": "cosine, float64" if name == "torch" or H.dtype == torch.float64
+                  "ranks": "average (ties)" if method == "exact" else
+                  f"histogram CDF: {STREAM_BINS} bins over [0, 2], a bin's pairs share its average rank",
+                  "distances": "cosine, float64" if (name == "torch" and method == "exact") or H.dtype == torch.float64
                   else "cosine, float32 (projection and dot products)"},
     )
 
@@ -541,6 +630,7 @@ def pga_profile(
     ccrs: Sequence[int] = (1, 5, 10),
     seed: int = 0,
     layout: str = "hf",
+    method: str = "exact",
     backend: str = "auto",
     progress: bool = True,
 ) -> Dict[int, List[PGAResult]]:
@@ -566,7 +656,7 @@ def pga_profile(
                 if int(H.shape[-1]) != d:
                     raise ValueError(f"hidden_states_by_layer[{i}] has d={H.shape[-1]}, layer 0 has d={d}")
                 out[c].append(subspace_pga(H, basis=readout, n_null=n_null, ccr=c, seed=seed,
-                                           backend=backend, progress=False))
+                                           method=method, backend=backend, progress=False))
                 if bar is not None:
                     bar.set_postfix_str(f"ccr={c} layer={i}")
                     bar.update(1)
