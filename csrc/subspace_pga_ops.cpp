@@ -188,8 +188,8 @@ at::Tensor subspace_pga_rhos_cpu(const at::Tensor& x_in, const at::Tensor& bases
 }
 
 #ifdef REPCAP_WITH_CUDA
-// CUDA: per batch of B subspaces, the projections x·B_b as one cuBLAS GEMM (N × B·k, on the
-// current stream, following torch's float32 matmul precision), row norms, then the fused
+// CUDA: per batch of B subspaces, the projections x·B_b by cuBLAS (on the current stream,
+// following torch's float32 matmul precision), row norms, then the fused
 // normalization + distance-key kernel for all B, one CUB radix sort per subspace, and the fused
 // rank + correlation pass. Memory: (key + 4 B) per pair per subspace, plus one shared sort
 // scratch of (key + 4 B) per pair and 4 B per pair of twice the reference ranks.
@@ -272,13 +272,17 @@ template <typename T>
 void subspace_pga_rhos_cuda_impl(const at::Tensor& x, const at::Tensor& bases, const at::Tensor& twice_ref,
                                  double ref_sum_sq, at::Tensor& rhos) {
   using Key = typename CudaKey<T>::type;
-  const int64_t n_tokens = x.size(0), d = x.size(1);
+  const int64_t n_tokens = x.size(0);
   const int64_t n_bases = bases.size(0), k = bases.size(2);
   const int64_t n = n_tokens * (n_tokens - 1) / 2;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-  // All projections as one GEMM: x (N×d) · [B_0 … B_{B−1}] (d × B·k), then laid out B×N×k.
-  const at::Tensor stacked = bases.permute({1, 0, 2}).reshape({d, n_bases * k});
-  const at::Tensor proj = at::mm(x, stacked).view({n_tokens, n_bases, k}).permute({1, 0, 2}).contiguous();
+  // One GEMM per subspace, each of the same shape whatever the batch, so cuBLAS picks the same
+  // kernel and the projections (and ρ) do not depend on the batch size.
+  at::Tensor proj = at::empty({n_bases, n_tokens, k}, x.options());
+  for (int64_t b = 0; b < n_bases; ++b) {
+    at::Tensor out = proj[b];
+    at::mm_out(out, x, bases[b]);
+  }
   at::Tensor norms = at::empty({n_bases, n_tokens}, x.options());
   at::Tensor zero_row = at::zeros({n_bases}, x.options().dtype(at::kInt));
   check_cuda(repcap::cuda::subspace_pga_row_norms_cuda(proj.data_ptr<T>(), n_bases, n_tokens, k,

@@ -593,6 +593,11 @@ def subspace_pga(
         elif name in ("cpu", "cuda", "triton"):
             bases = torch.cat([readout.to(x.device)[None], nulls])
             xk = x.to(val.compute_dtype(H.dtype)).contiguous()
+            if xk.dtype == torch.float32 and xk.is_cuda and torch.get_float32_matmul_precision() != "highest":
+                warnings.warn("torch.get_float32_matmul_precision() is not 'highest': the projections and "
+                              "distances may use TF32 (10-bit mantissa), which reorders near-tied distances "
+                              "and moves ρ; set it to 'highest' for exact float32 ranks", RuntimeWarning,
+                              stacklevel=2)
             size = _batch_size(batch, name, N, k, n_null + 1, xk.dtype, xk.device)
             rhos = _subspace_rhos_kernel(name, xk, bases, size, bar)
             rho_readout, null_rhos = rhos[0], rhos[1:]

@@ -222,12 +222,29 @@ const char* distance_keys(const T* proj, const T* norms, int64_t n_bases, int64_
   return nullptr;
 }
 
+// CUB's item count: 32-bit offsets (faster) whenever n fits, 64-bit past that.
+template <typename Key, typename Count>
+cudaError_t radix_sort(void* temp, size_t& temp_bytes, cub::DoubleBuffer<Key>& keys,
+                       cub::DoubleBuffer<uint32_t>& values, Count n, cudaStream_t stream) {
+  return cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, values, n, 0, static_cast<int>(8 * sizeof(Key)),
+                                         stream);
+}
+
+template <typename Key>
+cudaError_t radix_sort_any(void* temp, size_t& temp_bytes, cub::DoubleBuffer<Key>& keys,
+                           cub::DoubleBuffer<uint32_t>& values, int64_t n, cudaStream_t stream) {
+  if (n <= std::numeric_limits<int32_t>::max()) {
+    return radix_sort(temp, temp_bytes, keys, values, static_cast<int32_t>(n), stream);
+  }
+  return radix_sort(temp, temp_bytes, keys, values, n, stream);
+}
+
 template <typename Key>
 size_t sort_temp_bytes(int64_t n) {
   cub::DoubleBuffer<Key> keys(nullptr, nullptr);
   cub::DoubleBuffer<uint32_t> values(nullptr, nullptr);
   size_t bytes = 0;
-  if (cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys, values, n) != cudaSuccess) return 0;
+  if (radix_sort_any(nullptr, bytes, keys, values, n, nullptr) != cudaSuccess) return 0;
   return bytes;
 }
 
@@ -237,8 +254,7 @@ const char* sort_pairs(Key* keys, uint32_t* values, Key* alt_keys, uint32_t* alt
   if (n <= 1) return nullptr;
   cub::DoubleBuffer<Key> key_buffers(keys, alt_keys);
   cub::DoubleBuffer<uint32_t> value_buffers(values, alt_values);
-  cudaError_t err = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, key_buffers, value_buffers, n, 0,
-                                                    static_cast<int>(8 * sizeof(Key)), stream);
+  cudaError_t err = radix_sort_any(temp, temp_bytes, key_buffers, value_buffers, n, stream);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   if (key_buffers.Current() != keys) {  // the sort ended in the scratch pair: copy it back
     err = cudaMemcpyAsync(keys, key_buffers.Current(), n * sizeof(Key), cudaMemcpyDeviceToDevice, stream);
