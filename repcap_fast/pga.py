@@ -360,7 +360,7 @@ def _subspace_rhos_torch(x: torch.Tensor, d_full_ranks: torch.Tensor, bases: tor
 # scratch twins; once: the float64 reference ranks and twice them as uint32. cuda: keys and
 # payloads of every subspace of the batch; once: reference ranks, twice them, and the shared
 # sort scratch. triton: see triton_kernels/subspace_pga.py.
-_PAIR_BYTES = {"cpu": ((16, 12), (8, 0)), "cuda": ((8, 20), (4, 4)), "triton": ((32, 12), (16, 0))}
+_PAIR_BYTES = {"cpu": ((16, 12), (8, 0)), "cuda": ((8, 20), (4, 4)), "triton": ((8, 52), (0, 0))}
 
 
 def _memory_budget(device: torch.device) -> int:
@@ -535,8 +535,8 @@ def subspace_pga(
             memory free now (GPU memory for CUDA tensors, else host memory), at most 16 on the
             cpu backend and 64 on the GPU; progress is reported per call. `pga_batch_bytes`
             gives the model: per pair, each subspace in flight holds 16 B on cpu (24 B for
-            float64 H; in flight: min(batch, threads)), 8 B on cuda (12 B), and 32 B on triton
-            (48 B); a call also holds 12-24 B per pair once (reference ranks, sort scratch).
+            float64 H; in flight: min(batch, threads)), 8 B on cuda (12 B) and 8 B on triton;
+            a call also holds 12-52 B per pair once (reference ranks, sort scratch).
             Never all subspaces' distances at once beyond that budget.
         backend: "auto" picks "cpu" for CPU tensors and "cuda" (else "triton") for CUDA tensors.
             "cpu": the fused C++ kernel (projection, distance keys, radix sort, tie-aware ranks
@@ -544,9 +544,10 @@ def subspace_pga(
             "cuda": the projections as one cuBLAS GEMM, then a kernel that normalizes the rows
             and writes every pair's sortable distance key with its reference rank, a CUB radix
             sort per subspace, and one fused pass from sorted keys to tie-averaged ranks and ρ.
-            "triton": a Triton kernel writes a batch of subspaces' distance keys, torch.sort
-            orders them, and a Triton kernel reduces the tie-aware ranks and ρ (GPU tensors,
-            or CPU under TRITON_INTERPRET=1).
+            "triton": a Triton kernel writes a batch of subspaces' distance keys (float32: the
+            distance bits and twice the reference rank packed in one int64), torch.sort orders
+            them, and one fused Triton kernel turns sorted keys into tie-averaged ranks and
+            reduces ρ in float64 (GPU tensors, or CPU under TRITON_INTERPRET=1).
             "torch": the float64 reference, a per-subspace loop.
             The kernels form distances in float32 (float64 for float64 H) after centering and
             CCR in float64. The rank pass is shared host/device code
