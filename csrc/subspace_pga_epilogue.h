@@ -49,14 +49,24 @@ REPCAP_HD double average_rank(int64_t start, int64_t end) {
   return 0.5 * static_cast<double>(start + end - 1) + 1.0;
 }
 
-// The run of keys equal to sorted[t] in a sorted array of n keys: [run_start, run_end).
+// Key extractors for the run search: the whole value, or the high word of a packed item
+// (sortable key << 32 | payload), whose order is the key's.
+struct WholeKey {
+  template <typename V>
+  REPCAP_HD V operator()(V v) const { return v; }
+};
+struct HighWord {
+  REPCAP_HD uint32_t operator()(uint64_t v) const { return static_cast<uint32_t>(v >> 32); }
+};
+
+// The run of keys equal to key_of(sorted[t]) in n sorted values: [run_start, run_end).
 // Galloping then binary search from t, O(log run length): runs are short except for exact ties
 // (one-hot rows give runs of thousands). Shared by the CPU scan and the CUDA per-position pass.
-template <typename Key>
-REPCAP_HD int64_t run_start(const Key* sorted, int64_t t) {
-  const Key key = sorted[t];
-  int64_t inside = t, step = 1;  // sorted[inside] == key; find the first position equal to key
-  while (inside - step >= 0 && sorted[inside - step] == key) {
+template <typename V, typename KeyOf = WholeKey>
+REPCAP_HD int64_t run_start(const V* sorted, int64_t t, KeyOf key_of = KeyOf()) {
+  const auto key = key_of(sorted[t]);
+  int64_t inside = t, step = 1;  // key_of(sorted[inside]) == key; find the first such position
+  while (inside - step >= 0 && key_of(sorted[inside - step]) == key) {
     inside -= step;
     step *= 2;
   }
@@ -64,16 +74,16 @@ REPCAP_HD int64_t run_start(const Key* sorted, int64_t t) {
   int64_t hi = inside;
   while (lo < hi) {  // first position in [lo, hi] equal to key
     const int64_t mid = lo + (hi - lo) / 2;
-    if (sorted[mid] == key) hi = mid; else lo = mid + 1;
+    if (key_of(sorted[mid]) == key) hi = mid; else lo = mid + 1;
   }
   return lo;
 }
 
-template <typename Key>
-REPCAP_HD int64_t run_end(const Key* sorted, int64_t n, int64_t t) {
-  const Key key = sorted[t];
-  int64_t inside = t, step = 1;  // sorted[inside] == key; find one past the last equal position
-  while (inside + step < n && sorted[inside + step] == key) {
+template <typename V, typename KeyOf = WholeKey>
+REPCAP_HD int64_t run_end(const V* sorted, int64_t n, int64_t t, KeyOf key_of = KeyOf()) {
+  const auto key = key_of(sorted[t]);
+  int64_t inside = t, step = 1;  // key_of(sorted[inside]) == key; find one past the last
+  while (inside + step < n && key_of(sorted[inside + step]) == key) {
     inside += step;
     step *= 2;
   }
@@ -81,18 +91,19 @@ REPCAP_HD int64_t run_end(const Key* sorted, int64_t n, int64_t t) {
   int64_t hi = inside + step < n ? inside + step : n;  // sorted[hi] > key (or hi = n)
   while (lo < hi) {  // first position in [lo, hi) greater than key
     const int64_t mid = lo + (hi - lo) / 2;
-    if (sorted[mid] == key) lo = mid + 1; else hi = mid;
+    if (key_of(sorted[mid]) == key) lo = mid + 1; else hi = mid;
   }
   return lo;
 }
 
 // The average rank of sorted position t: t + 1 unless a neighbour holds the same key (the CUDA
 // pass evaluates every position independently).
-template <typename Key>
-REPCAP_HD double average_rank_at(const Key* sorted, int64_t n, int64_t t) {
-  const Key key = sorted[t];
-  const bool tied = (t > 0 && sorted[t - 1] == key) || (t + 1 < n && sorted[t + 1] == key);
-  return tied ? average_rank(run_start(sorted, t), run_end(sorted, n, t)) : static_cast<double>(t + 1);
+template <typename V, typename KeyOf = WholeKey>
+REPCAP_HD double average_rank_at(const V* sorted, int64_t n, int64_t t, KeyOf key_of = KeyOf()) {
+  const auto key = key_of(sorted[t]);
+  const bool tied = (t > 0 && key_of(sorted[t - 1]) == key) || (t + 1 < n && key_of(sorted[t + 1]) == key);
+  return tied ? average_rank(run_start(sorted, t, key_of), run_end(sorted, n, t, key_of))
+              : static_cast<double>(t + 1);
 }
 
 // Partial sums of the rank correlation against reference ranks s (mean m = (n+1)/2, which is

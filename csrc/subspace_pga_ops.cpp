@@ -19,6 +19,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/parallel_blocks.h"
@@ -80,40 +81,81 @@ bool normalize_rows(at::Tensor& p) {
   return true;
 }
 
-// Per-subspace working memory: keys and pair indices (and their radix-sort twins), a Gram tile.
+// Per-subspace working memory and the sorted pairs of one subspace. float32 distances travel as
+// packed items (key << 32 | payload, 8 B and a sort twin); float64 ones as 8-byte keys and 4-byte
+// payloads (and their sort twins). Plus a 256×N Gram tile and the projection.
 template <typename T>
 struct PairBuffers {
+  static constexpr bool kPacked = std::is_same<T, float>::value;
   using Key = typename repcap::cpu::KeyFor<T>::type;
-  std::vector<Key> keys, tmp_keys;
-  std::vector<uint32_t> pairs, tmp_pairs;  // per-pair values carried through the sort
+  std::vector<uint64_t> items, tmp_items;    // packed
+  std::vector<Key> keys, tmp_keys;           // split
+  std::vector<uint32_t> payloads, tmp_payloads;
   at::Tensor tile;
   at::Tensor proj;
 
   PairBuffers() = default;
   PairBuffers(int64_t n_tokens, int64_t k, const at::TensorOptions& options) {
     const int64_t n = n_tokens * (n_tokens - 1) / 2;
-    keys.resize(n);
-    tmp_keys.resize(n);
-    pairs.resize(n);
-    tmp_pairs.resize(n);
+    if (kPacked) {
+      items.resize(n);
+      tmp_items.resize(n);
+    } else {
+      keys.resize(n);
+      tmp_keys.resize(n);
+      payloads.resize(n);
+      tmp_payloads.resize(n);
+    }
     tile = at::empty({kTileRows * n_tokens}, options);
     proj = at::empty({n_tokens, k}, options);
   }
 
-  // Keys of the cosine distances of the unit rows u, sorted together with pairs[] (the caller's
-  // per-pair values: pair indices, or twice the reference ranks).
-  void sort_distances(const at::Tensor& u) {
+  // Sorts the pairs of the unit rows u by cosine distance, each carrying payload[pair] (twice
+  // the reference rank) or, when payload is null, its pair index.
+  void sort_distances(const at::Tensor& u, const uint32_t* payload) {
     const int64_t n_tokens = u.size(0);
+    const int64_t n = n_tokens * (n_tokens - 1) / 2;
+    if (!kPacked) {
+      if (payload != nullptr) {
+        std::copy(payload, payload + n, payloads.begin());
+      } else {
+        for (int64_t t = 0; t < n; ++t) payloads[t] = static_cast<uint32_t>(t);
+      }
+    }
     for (int64_t row0 = 0; row0 + 1 < n_tokens; row0 += kTileRows) {
       const int64_t rows = std::min(kTileRows, n_tokens - row0);
       const int64_t cols = n_tokens - row0;  // columns j >= row0: the pairs j > i of these rows
       at::Tensor dots = tile.narrow(0, 0, rows * cols).view({rows, cols});
       at::mm_out(dots, u.narrow(0, row0, rows), u.narrow(0, row0, cols).t());
-      repcap::cpu::write_distance_keys<T>(dots.data_ptr<T>(), cols, rows, cols, row0, row0, n_tokens,
-                                          keys.data());
+      if constexpr (kPacked) {
+        repcap::cpu::write_distance_items(dots.data_ptr<float>(), cols, rows, cols, row0, row0, n_tokens,
+                                          payload, items.data());
+      } else {
+        repcap::cpu::write_distance_keys<T>(dots.data_ptr<T>(), cols, rows, cols, row0, row0, n_tokens,
+                                            keys.data());
+      }
     }
-    repcap::cpu::radix_sort_pairs<Key>(keys.data(), pairs.data(), tmp_keys.data(), tmp_pairs.data(),
-                                       static_cast<int64_t>(keys.size()));
+    if constexpr (kPacked) {
+      repcap::cpu::radix_sort_items(items.data(), tmp_items.data(), n);
+    } else {
+      repcap::cpu::radix_sort_pairs<Key>(keys.data(), payloads.data(), tmp_keys.data(), tmp_payloads.data(), n);
+    }
+  }
+
+  void scatter_ranks(int64_t n, double* ranks) const {
+    if constexpr (kPacked) {
+      repcap::cpu::scatter_average_ranks_items(items.data(), n, ranks);
+    } else {
+      repcap::cpu::scatter_average_ranks(keys.data(), payloads.data(), n, ranks);
+    }
+  }
+
+  repcap::RankCorrelationPartial correlate(int64_t n) const {
+    if constexpr (kPacked) {
+      return repcap::cpu::correlate_ranks_items(items.data(), n);
+    } else {
+      return repcap::cpu::correlate_ranks(keys.data(), payloads.data(), n);
+    }
   }
 };
 
@@ -127,10 +169,8 @@ at::Tensor subspace_pga_ranks_cpu(const at::Tensor& x_in) {
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "subspace_pga_ranks", [&] {
     TORCH_CHECK(normalize_rows<scalar_t>(x), "subspace_pga_ranks: x has a zero row");
     PairBuffers<scalar_t> buffers(n_tokens, 1, x.options());
-    for (int64_t t = 0; t < n; ++t) buffers.pairs[t] = static_cast<uint32_t>(t);
-    buffers.sort_distances(x);
-    repcap::cpu::scatter_average_ranks(buffers.keys.data(), buffers.pairs.data(), n,
-                                       ranks.data_ptr<double>());
+    buffers.sort_distances(x, nullptr);
+    buffers.scatter_ranks(n, ranks.data_ptr<double>());
   });
   return ranks;
 }
@@ -176,10 +216,8 @@ at::Tensor subspace_pga_rhos_cpu(const at::Tensor& x_in, const at::Tensor& bases
         [&](int, int64_t b, Buffers& buf) {
           at::mm_out(buf.proj, x, bases[b]);
           if (!normalize_rows<scalar_t>(buf.proj)) return;  // ρ stays NaN: a projected row is 0
-          std::copy(twice_ref.begin(), twice_ref.end(), buf.pairs.begin());
-          buf.sort_distances(buf.proj);
-          const repcap::RankCorrelationPartial partial =
-              repcap::cpu::correlate_ranks(buf.keys.data(), buf.pairs.data(), n);
+          buf.sort_distances(buf.proj, twice_ref.data());
+          const repcap::RankCorrelationPartial partial = buf.correlate(n);
           out[b] = repcap::rank_correlation(partial, ref_sum_sq);
         });
     TORCH_CHECK(error.empty(), "subspace_pga_rhos (cpu): ", error);

@@ -73,19 +73,35 @@ void radix_sort_pairs(Key* keys, uint32_t* values, Key* tmp_keys, uint32_t* tmp_
   }
 }
 
+// Sorted pairs as two arrays (keys, 32-bit payloads) or as packed items (key << 32 | payload).
 template <typename Key>
-void scatter_average_ranks(const Key* sorted_keys, const uint32_t* sorted_pairs, int64_t n,
-                           double* ranks) {
+struct SplitSorted {
+  const Key* keys;
+  const uint32_t* payloads;
+  bool same_key(int64_t a, int64_t b) const { return keys[a] == keys[b]; }
+  int64_t run_end_at(int64_t n, int64_t t) const { return run_end(keys, n, t); }
+  uint32_t payload(int64_t t) const { return payloads[t]; }
+};
+
+struct PackedSorted {
+  const uint64_t* items;
+  bool same_key(int64_t a, int64_t b) const { return (items[a] >> 32) == (items[b] >> 32); }
+  int64_t run_end_at(int64_t n, int64_t t) const { return run_end(items, n, t, HighWord()); }
+  uint32_t payload(int64_t t) const { return static_cast<uint32_t>(items[t]); }
+};
+
+template <typename Sorted>
+void scatter_ranks(const Sorted& sorted, int64_t n, double* ranks) {
   int64_t start = 0;
   while (start < n) {
-    const int64_t end = run_end(sorted_keys, n, start);
+    const int64_t end = sorted.run_end_at(n, start);
     const double rank = average_rank(start, end);
-    for (int64_t t = start; t < end; ++t) ranks[sorted_pairs[t]] = rank;
+    for (int64_t t = start; t < end; ++t) ranks[sorted.payload(t)] = rank;
     start = end;
   }
 }
 
-// Σ_t (t + 1 − m)(v_t/2 − m), vectorized for AVX-512, AVX2 and the baseline.
+// Σ_t (t + 1 − m)(v_t/2 − m), v_t the payloads, vectorized for AVX-512, AVX2 and the baseline.
 REPCAP_PGA_CLONES static double plain_rank_cross(const uint32_t* twice_ref, int64_t n, double mean) {
   double cross = 0.0;
 #pragma omp simd reduction(+ : cross)
@@ -95,28 +111,36 @@ REPCAP_PGA_CLONES static double plain_rank_cross(const uint32_t* twice_ref, int6
   return cross;
 }
 
-template <typename Key>
-RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* sorted_twice_ref,
-                                       int64_t n) {
+REPCAP_PGA_CLONES static double plain_rank_cross(const uint64_t* items, int64_t n, double mean) {
+  double cross = 0.0;
+#pragma omp simd reduction(+ : cross)
+  for (int64_t t = 0; t < n; ++t) {
+    const double twice = static_cast<double>(static_cast<uint32_t>(items[t]));
+    cross += (static_cast<double>(t + 1) - mean) * (0.5 * twice - mean);
+  }
+  return cross;
+}
+
+// plain_cross = Σ (t + 1 − m)(s_t − m), the cross term as if there were no ties; each run of
+// equal keys [start, end) then takes its average rank instead, and Σ (t + 1 − m)² = n(n² − 1)/12.
+template <typename Sorted>
+RankCorrelationPartial correlate(const Sorted& sorted, int64_t n, double plain_cross) {
   const double mean = 0.5 * static_cast<double>(n + 1);
-  // First as if there were no ties: the rank of sorted position t is t + 1 (vectorized), and
-  // Σ (t + 1 − m)² = n(n² − 1)/12.
-  double cross = plain_rank_cross(sorted_twice_ref, n, mean);
   const double nd = static_cast<double>(n);
+  double cross = plain_cross;
   double sum_sq = nd * (nd * nd - 1.0) / 12.0;
-  // Then each run of equal keys [start, end) takes its average rank instead.
   int64_t t = 0;
   while (t + 1 < n) {
-    if (sorted_keys[t + 1] != sorted_keys[t]) {
+    if (!sorted.same_key(t, t + 1)) {
       ++t;
       continue;
     }
     const int64_t start = t;
-    const int64_t end = run_end(sorted_keys, n, start);
+    const int64_t end = sorted.run_end_at(n, start);
     const double avg = average_rank(start, end);
     for (int64_t u = start; u < end; ++u) {
       const double plain = static_cast<double>(u + 1);
-      cross += (avg - plain) * (0.5 * static_cast<double>(sorted_twice_ref[u]) - mean);
+      cross += (avg - plain) * (0.5 * static_cast<double>(sorted.payload(u)) - mean);
       sum_sq += (avg - mean) * (avg - mean) - (plain - mean) * (plain - mean);
     }
     t = end;
@@ -124,15 +148,91 @@ RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* s
   return RankCorrelationPartial{cross, sum_sq};
 }
 
-template void write_distance_keys<float>(const float*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                         int64_t, uint32_t*);
+template <typename Key>
+void scatter_average_ranks(const Key* sorted_keys, const uint32_t* sorted_pairs, int64_t n,
+                           double* ranks) {
+  scatter_ranks(SplitSorted<Key>{sorted_keys, sorted_pairs}, n, ranks);
+}
+
+template <typename Key>
+RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* sorted_twice_ref,
+                                       int64_t n) {
+  const double mean = 0.5 * static_cast<double>(n + 1);
+  return correlate(SplitSorted<Key>{sorted_keys, sorted_twice_ref}, n,
+                   plain_rank_cross(sorted_twice_ref, n, mean));
+}
+
+void scatter_average_ranks_items(const uint64_t* sorted_items, int64_t n, double* ranks) {
+  scatter_ranks(PackedSorted{sorted_items}, n, ranks);
+}
+
+RankCorrelationPartial correlate_ranks_items(const uint64_t* sorted_items, int64_t n) {
+  const double mean = 0.5 * static_cast<double>(n + 1);
+  return correlate(PackedSorted{sorted_items}, n, plain_rank_cross(sorted_items, n, mean));
+}
+
+void write_distance_items(const float* dots, int64_t ld, int64_t rows, int64_t cols, int64_t row0,
+                          int64_t col0, int64_t n, const uint32_t* payload, uint64_t* items) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = row0 + r;
+    const int64_t first = std::max<int64_t>(0, i + 1 - col0);  // columns j > i
+    if (first >= cols) continue;
+    const int64_t pair0 = condensed_pair_index(i, col0 + first, n);  // consecutive from here
+    uint64_t* out = items + pair0;
+    const float* row = dots + r * ld;
+    const int64_t count = cols - first;
+    if (payload != nullptr) {
+      const uint32_t* low = payload + pair0;
+      for (int64_t c = 0; c < count; ++c) {
+        const float dist = std::min(2.0f, std::max(0.0f, 1.0f - row[first + c]));
+        out[c] = (static_cast<uint64_t>(sortable_key(dist)) << 32) | low[c];
+      }
+    } else {
+      for (int64_t c = 0; c < count; ++c) {
+        const float dist = std::min(2.0f, std::max(0.0f, 1.0f - row[first + c]));
+        out[c] = (static_cast<uint64_t>(sortable_key(dist)) << 32) | static_cast<uint64_t>(pair0 + c);
+      }
+    }
+  }
+}
+
+void radix_sort_items(uint64_t* items, uint64_t* tmp, int64_t n) {
+  constexpr int kBits = 8;
+  constexpr int kBuckets = 1 << kBits;
+  constexpr int kDigits = 4;  // the high 32 bits
+  std::vector<int64_t> counts(static_cast<size_t>(kDigits) * kBuckets, 0);
+  for (int64_t t = 0; t < n; ++t) {
+    const uint64_t item = items[t];
+    for (int digit = 0; digit < kDigits; ++digit) {
+      ++counts[digit * kBuckets + ((item >> (32 + kBits * digit)) & (kBuckets - 1))];
+    }
+  }
+  bool in_tmp = false;
+  for (int digit = 0; digit < kDigits; ++digit) {
+    int64_t* count = counts.data() + digit * kBuckets;
+    if (*std::max_element(count, count + kBuckets) == n) continue;  // one bucket: a no-op
+    int64_t offset = 0;
+    for (int b = 0; b < kBuckets; ++b) {
+      const int64_t here = count[b];
+      count[b] = offset;
+      offset += here;
+    }
+    const uint64_t* src = in_tmp ? tmp : items;
+    uint64_t* dst = in_tmp ? items : tmp;
+    const int shift = 32 + kBits * digit;
+    for (int64_t t = 0; t < n; ++t) {
+      const uint64_t item = src[t];
+      dst[count[(item >> shift) & (kBuckets - 1)]++] = item;
+    }
+    in_tmp = !in_tmp;
+  }
+  if (in_tmp) std::copy(tmp, tmp + n, items);
+}
+
 template void write_distance_keys<double>(const double*, int64_t, int64_t, int64_t, int64_t,
                                           int64_t, int64_t, uint64_t*);
-template void radix_sort_pairs<uint32_t>(uint32_t*, uint32_t*, uint32_t*, uint32_t*, int64_t);
 template void radix_sort_pairs<uint64_t>(uint64_t*, uint32_t*, uint64_t*, uint32_t*, int64_t);
-template void scatter_average_ranks<uint32_t>(const uint32_t*, const uint32_t*, int64_t, double*);
 template void scatter_average_ranks<uint64_t>(const uint64_t*, const uint32_t*, int64_t, double*);
-template RankCorrelationPartial correlate_ranks<uint32_t>(const uint32_t*, const uint32_t*, int64_t);
 template RankCorrelationPartial correlate_ranks<uint64_t>(const uint64_t*, const uint32_t*, int64_t);
 
 }  // namespace cpu
