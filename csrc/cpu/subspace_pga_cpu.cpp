@@ -31,37 +31,51 @@ void write_distance_keys(const T* dots, int64_t ld, int64_t rows, int64_t cols, 
   }
 }
 
-template <typename Key>
-void radix_sort_pairs(Key* keys, uint32_t* values, Key* tmp_keys, uint32_t* tmp_values, int64_t n) {
-  // 8-bit digits (256 buckets stay in L1 while scattering): 4 passes for 32-bit keys.
-  constexpr int kBits = 8;
-  constexpr int kBuckets = 1 << kBits;
-  constexpr int kDigits = 8 * static_cast<int>(sizeof(Key)) / kBits;
-  std::vector<int64_t> counts(static_cast<size_t>(kDigits) * kBuckets, 0);
+// LSD radix sort with 8-bit digits (256 buckets stay in L1 while scattering). For each digit d
+// of the words (from bit kLowBit), the exclusive start of every bucket in sorted order;
+// active[d] is false where one bucket holds every word (that pass would be a no-op).
+constexpr int kRadixBits = 8;
+constexpr int kRadixBuckets = 1 << kRadixBits;
+
+template <int kDigits, int kLowBit, typename Word>
+std::vector<int64_t> radix_offsets(const Word* words, int64_t n, bool* active) {
+  std::vector<int64_t> counts(static_cast<size_t>(kDigits) * kRadixBuckets, 0);
   for (int64_t t = 0; t < n; ++t) {
-    const Key key = keys[t];
+    const Word word = words[t];
     for (int digit = 0; digit < kDigits; ++digit) {
-      ++counts[digit * kBuckets + ((key >> (kBits * digit)) & (kBuckets - 1))];
+      ++counts[digit * kRadixBuckets + ((word >> (kLowBit + kRadixBits * digit)) & (kRadixBuckets - 1))];
     }
   }
-  bool in_tmp = false;  // ping-pong between (keys, values) and (tmp_keys, tmp_values)
   for (int digit = 0; digit < kDigits; ++digit) {
-    int64_t* count = counts.data() + digit * kBuckets;
-    if (*std::max_element(count, count + kBuckets) == n) continue;  // one bucket: a no-op
+    int64_t* count = counts.data() + digit * kRadixBuckets;
+    active[digit] = *std::max_element(count, count + kRadixBuckets) != n;
     int64_t offset = 0;
-    for (int b = 0; b < kBuckets; ++b) {
+    for (int b = 0; b < kRadixBuckets; ++b) {
       const int64_t here = count[b];
       count[b] = offset;
       offset += here;
     }
+  }
+  return counts;
+}
+
+template <typename Key>
+void radix_sort_pairs(Key* keys, uint32_t* values, Key* tmp_keys, uint32_t* tmp_values, int64_t n) {
+  constexpr int kDigits = 8 * static_cast<int>(sizeof(Key)) / kRadixBits;
+  bool active[kDigits];
+  std::vector<int64_t> offsets = radix_offsets<kDigits, 0>(keys, n, active);
+  bool in_tmp = false;  // ping-pong between (keys, values) and (tmp_keys, tmp_values)
+  for (int digit = 0; digit < kDigits; ++digit) {
+    if (!active[digit]) continue;
+    int64_t* count = offsets.data() + digit * kRadixBuckets;
     const Key* src_keys = in_tmp ? tmp_keys : keys;
     const uint32_t* src_values = in_tmp ? tmp_values : values;
     Key* dst_keys = in_tmp ? keys : tmp_keys;
     uint32_t* dst_values = in_tmp ? values : tmp_values;
-    const int shift = kBits * digit;
+    const int shift = kRadixBits * digit;
     for (int64_t t = 0; t < n; ++t) {
       const Key key = src_keys[t];
-      const int64_t to = count[(key >> shift) & (kBuckets - 1)]++;
+      const int64_t to = count[(key >> shift) & (kRadixBuckets - 1)]++;
       dst_keys[to] = key;
       dst_values[to] = src_values[t];
     }
@@ -71,6 +85,26 @@ void radix_sort_pairs(Key* keys, uint32_t* values, Key* tmp_keys, uint32_t* tmp_
     std::copy(tmp_keys, tmp_keys + n, keys);
     std::copy(tmp_values, tmp_values + n, values);
   }
+}
+
+void radix_sort_items(uint64_t* items, uint64_t* tmp, int64_t n) {
+  constexpr int kDigits = 4;  // the high 32 bits
+  bool active[kDigits];
+  std::vector<int64_t> offsets = radix_offsets<kDigits, 32>(items, n, active);
+  bool in_tmp = false;
+  for (int digit = 0; digit < kDigits; ++digit) {
+    if (!active[digit]) continue;
+    int64_t* count = offsets.data() + digit * kRadixBuckets;
+    const uint64_t* src = in_tmp ? tmp : items;
+    uint64_t* dst = in_tmp ? items : tmp;
+    const int shift = 32 + kRadixBits * digit;
+    for (int64_t t = 0; t < n; ++t) {
+      const uint64_t item = src[t];
+      dst[count[(item >> shift) & (kRadixBuckets - 1)]++] = item;
+    }
+    in_tmp = !in_tmp;
+  }
+  if (in_tmp) std::copy(tmp, tmp + n, items);
 }
 
 // Sorted pairs as two arrays (keys, 32-bit payloads) or as packed items (key << 32 | payload).
@@ -194,39 +228,6 @@ void write_distance_items(const float* dots, int64_t ld, int64_t rows, int64_t c
       }
     }
   }
-}
-
-void radix_sort_items(uint64_t* items, uint64_t* tmp, int64_t n) {
-  constexpr int kBits = 8;
-  constexpr int kBuckets = 1 << kBits;
-  constexpr int kDigits = 4;  // the high 32 bits
-  std::vector<int64_t> counts(static_cast<size_t>(kDigits) * kBuckets, 0);
-  for (int64_t t = 0; t < n; ++t) {
-    const uint64_t item = items[t];
-    for (int digit = 0; digit < kDigits; ++digit) {
-      ++counts[digit * kBuckets + ((item >> (32 + kBits * digit)) & (kBuckets - 1))];
-    }
-  }
-  bool in_tmp = false;
-  for (int digit = 0; digit < kDigits; ++digit) {
-    int64_t* count = counts.data() + digit * kBuckets;
-    if (*std::max_element(count, count + kBuckets) == n) continue;  // one bucket: a no-op
-    int64_t offset = 0;
-    for (int b = 0; b < kBuckets; ++b) {
-      const int64_t here = count[b];
-      count[b] = offset;
-      offset += here;
-    }
-    const uint64_t* src = in_tmp ? tmp : items;
-    uint64_t* dst = in_tmp ? items : tmp;
-    const int shift = 32 + kBits * digit;
-    for (int64_t t = 0; t < n; ++t) {
-      const uint64_t item = src[t];
-      dst[count[(item >> shift) & (kBuckets - 1)]++] = item;
-    }
-    in_tmp = !in_tmp;
-  }
-  if (in_tmp) std::copy(tmp, tmp + n, items);
 }
 
 template void write_distance_keys<double>(const double*, int64_t, int64_t, int64_t, int64_t,
