@@ -119,6 +119,24 @@ def test_gpu(benchmark, backend):
     benchmark.pedantic(once, rounds=1 if backend == "torch" else 3, iterations=1, warmup_rounds=0)
     GPU_RESULTS[backend] = {"seconds": benchmark.stats.stats.median, "z": float(z),
                             "peak_extra_bytes": torch.cuda.max_memory_allocated() - base}
+    if backend == "cuda":
+        GPU_RESULTS[backend]["setup_seconds"] = gpu_setup_seconds(h, w)
+
+
+def gpu_setup_seconds(h, w):
+    """The parts of one GPU call that are not the kernels: readout basis (eigh of the d×d Gram),
+    CCR-1 (eigh of xᵀx) and the Grassmann draws (CPU sampling, GPU orthonormalization)."""
+    out = {}
+    for name, fn in (("readout_basis", lambda: pga.readout_basis(w, GPU_K)),
+                     ("center_and_ccr", lambda: pga.center_and_ccr(h, 1)),
+                     ("grassmann_bases", lambda: pga.grassmann_bases(GPU_D, GPU_K, NULLS, 0, device="cuda"))):
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out[name] = time.perf_counter() - t0
+    return out
 
 
 def teardown_module(module):
@@ -138,6 +156,9 @@ def teardown_module(module):
         for key in ("torch_loop_over_cuda", "torch_loop_over_triton"):
             if key in payload:
                 print(f"{key:<24} {payload[key]:.1f}x")
+        if "setup_seconds" in GPU_RESULTS.get("cuda", {}):
+            print("cuda call, non-kernel parts: " + ", ".join(
+                f"{k} {v:.3f} s" for k, v in GPU_RESULTS["cuda"]["setup_seconds"].items()))
     if not RESULTS:
         return
     ratios = {}

@@ -45,7 +45,7 @@ tests_rc=${PIPESTATUS[0]}
 echo "== GPU benchmarks" | tee -a "$log"
 python -m pytest bench/bench_cosine_stats.py -q -s -k "gpu or report" -p no:cacheprovider 2>&1 | tail -30 | tee "$out/bench_tail.txt" >>"$log"
 python -m pytest bench/bench_penalty.py -q -s -k gpu -p no:cacheprovider 2>&1 | grep -v "^test_\|^---\|Name \|Legend\|Outliers\|OPS" | tail -20 | tee "$out/bench_penalty_tail.txt" >>"$log"
-python -m pytest bench/bench_pga.py -q -s -k gpu -p no:cacheprovider 2>&1 | grep -A6 "== subspace_pga gpu" | tee "$out/bench_pga_tail.txt" >>"$log"
+python -m pytest bench/bench_pga.py -q -s -k gpu -p no:cacheprovider 2>&1 | grep -A7 "== subspace_pga gpu" | tee "$out/bench_pga_tail.txt" >>"$log"
 echo "total: $(( $(date +%s) - t0 )) s   tests rc=$tests_rc" | tee -a "$log"
 echo
 grep -A20 "^GPU " "$out/bench_tail.txt" || echo "(no GPU table: see $log)"

@@ -89,20 +89,40 @@ def _fix_signs(q: torch.Tensor) -> torch.Tensor:
     return q * signs
 
 
+def _subspace_seed(seed: int, b: int) -> int:
+    """The generator seed of basis b of a draw with `seed` (SeedSequence mixing: independent
+    streams for every (seed, b))."""
+    return int(np.random.SeedSequence([int(seed) & (2**63 - 1), int(b)]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
 def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, device="cpu") -> torch.Tensor:
     """n orthonormal d×k bases drawn uniformly from the Grassmannian: QR of a standard Gaussian
     d×k matrix with the signs fixed (R's diagonal made positive, which makes Q Haar-distributed).
-    Drawn on the CPU from a seeded generator (float32 normals, orthonormalized in float64), so a
-    seed gives the same bases on every device. Returns (n, d, k), float64 by default."""
+    Basis b comes from its own CPU generator seeded by (seed, b) (float32 normals, drawn in
+    parallel threads), so a seed gives the same bases on every device and the first m of n
+    bases are those of a draw of m. They are orthonormalized in float64 on `device` (batched
+    GEMMs; equal across devices to rounding). Returns (n, d, k), float64 by default."""
     for name, v, lo in (("d", d, 2), ("n", n, 1)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
     k = _check_k(k, int(d))
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    # float32 normals (torch's float64 sampler is ~5x slower), orthonormalized in float64
-    g = torch.randn(int(n), int(d), k, generator=gen, dtype=torch.float32).to(torch.float64)
-    out = _orthonormalize(g)
-    return out.to(device=device, dtype=dtype)
+    n, d = int(n), int(d)
+    g = torch.empty(n, d, k, dtype=torch.float32)  # float32 normals: torch's float64 sampler is ~5x slower
+
+    def draw(b: int) -> None:
+        torch.randn(d, k, generator=torch.Generator().manual_seed(_subspace_seed(seed, b)), out=g[b])
+
+    workers = max(1, min(n, torch.get_num_threads()))
+    if workers == 1 or n * d * k < 1 << 16:
+        for b in range(n):
+            draw(b)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:  # torch releases the GIL while sampling
+            list(pool.map(draw, range(n)))
+    out = _orthonormalize(g.to(device=device, dtype=torch.float64))
+    return out.to(dtype=dtype)
 
 
 def _orthonormalize(g: torch.Tensor) -> torch.Tensor:
