@@ -579,6 +579,7 @@ def subspace_pga(
     batch: Optional[int] = None,
     backend: str = "auto",
     progress: Optional[bool] = None,
+    _nulls: Optional[torch.Tensor] = None,
 ) -> PGAResult:
     """Subspace PGA z-score of one layer's hidden states H (N×d) against W_U's readout subspace.
 
@@ -643,7 +644,10 @@ def subspace_pga(
             f"H has {n_zero} zero-norm rows after centering and CCR-{ccr} (an all-constant layer, "
             "or tokens equal to the mean); their cosine distance is undefined"
         )
-    nulls = grassmann_bases(d, k, n_null, seed, device=x.device)
+    if _nulls is None:
+        nulls = grassmann_bases(d, k, n_null, seed, device=x.device)
+    else:  # pga_profile's, drawn once with the same (d, k, n_null, seed)
+        nulls = _nulls.to(x.device)
     n_pairs = N * (N - 1) // 2
     show = progress if progress is not None else n_pairs * (n_null + 1) >= 2e8
     bar = None
@@ -706,13 +710,15 @@ def pga_profile(
 ) -> Dict[int, List[PGAResult]]:
     """Subspace PGA of every layer, for each CCR variant: {ccr: [PGAResult per layer]}.
 
-    The readout basis is computed once; every layer and CCR variant uses the same null
-    subspaces (the same seed). Shows a progress bar over layers × variants."""
+    The readout basis and the null subspaces are drawn once (the same seed) and shared by
+    every layer and CCR variant. Shows a progress bar over layers × variants."""
     layers = list(hidden_states_by_layer)
     if not layers:
         raise ValueError("hidden_states_by_layer is empty")
     d = int(layers[0].shape[-1])
     readout = _readout_from(W_U, basis, k, layout, d)
+    nulls = grassmann_bases(d, int(readout.shape[1]), n_null, seed, device=torch.as_tensor(layers[0]).device) \
+        if isinstance(n_null, (int, np.integer)) and not isinstance(n_null, bool) and n_null >= 2 else None
     ccrs = [int(c) for c in ccrs]
     bar = None
     if progress:
@@ -725,8 +731,10 @@ def pga_profile(
             for i, H in enumerate(layers):
                 if int(H.shape[-1]) != d:
                     raise ValueError(f"hidden_states_by_layer[{i}] has d={H.shape[-1]}, layer 0 has d={d}")
-                out[c].append(subspace_pga(H, basis=readout, n_null=n_null, ccr=c, seed=seed,
-                                           method=method, backend=backend, progress=False))
+                res = subspace_pga(H, basis=readout, n_null=n_null, ccr=c, seed=seed, layout=layout,
+                                   method=method, backend=backend, progress=False, _nulls=nulls)
+                res.settings["readout"] = "basis" if basis is not None else "W_U"
+                out[c].append(res)
                 if bar is not None:
                     bar.set_postfix_str(f"ccr={c} layer={i}")
                     bar.update(1)

@@ -624,6 +624,17 @@ def test_stream_survives_tiny_rows_and_runs_through_the_profile():
     assert prof[1][0].z == stream.z
 
 
+def test_profile_equals_one_call_per_layer():
+    """The profile draws the readout and the nulls once; each entry is what subspace_pga gives."""
+    g = torch.Generator().manual_seed(0)
+    layers = [torch.randn(60, 16, generator=g) for _ in range(3)]
+    w = torch.randn(40, 16, generator=g)
+    prof = pga.pga_profile(layers, w, k=4, n_null=6, ccrs=(1, 2), progress=False)
+    for c in (1, 2):
+        for i, h in enumerate(layers):
+            assert prof[c][i].to_dict() == pga.subspace_pga(h, w, k=4, n_null=6, ccr=c).to_dict()
+
+
 def test_stream_coarse_bins_lose_accuracy_and_batches_agree():
     """The bin count is what makes stream accurate: with 64 bins it is visibly off."""
     r = rng(42)
