@@ -520,7 +520,7 @@ def _warn_tf32(x: torch.Tensor) -> None:
 
 
 def _batch_size(batch, name: str, n_tokens: int, k: int, n_bases: int, dtype, device) -> int:
-    """Subspaces per kernel call: `batch`, or the most that fit half of the free memory."""
+    """Subspaces per kernel call: `batch`, or the most that fit half of the available memory."""
     if batch is not None:
         if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ValueError(f"batch must be an int >= 1 (subspaces per kernel call), got {batch!r}")
@@ -600,7 +600,7 @@ def subspace_pga(
             one bin tie, and the fewer the pairs, the more one tie moves ρ. Tested at N = 20..300
             (2e-5, or twice the float32 kernel's own error) and at N = 2048 (1e-6).
         batch: subspaces per call of the fused kernel. Default: the most that fit half of the
-            memory free now (GPU memory for CUDA tensors, else host memory), at most 16 on the
+            memory available now (GPU memory for CUDA tensors, else host memory), at most 16 on the
             cpu backend and 64 on the GPU; progress is reported per call. `pga_batch_bytes`
             gives the model: per pair, each subspace in flight holds 16 B on cpu (24 B for
             float64 H; in flight: min(batch, threads)), 8 B on cuda (12 B) and 8 B on triton;
@@ -609,7 +609,7 @@ def subspace_pga(
         backend: "auto" picks "cpu" for CPU tensors and "cuda" (else "triton") for CUDA tensors.
             "cpu": the fused C++ kernel (projection, distance keys, radix sort, tie-aware ranks
             and their correlation), multi-threaded over subspaces, at most 65,536 tokens.
-            "cuda": the projections as one cuBLAS GEMM, then a kernel that normalizes the rows
+            "cuda": the projections by cuBLAS (one GEMM per subspace), then a kernel that normalizes the rows
             and writes every pair's sortable distance key with its reference rank, a CUB radix
             sort per subspace, and one fused pass from sorted keys to tie-averaged ranks and ρ.
             "triton": a Triton kernel writes a batch of subspaces' distance keys (float32: the
