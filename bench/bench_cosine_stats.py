@@ -216,6 +216,16 @@ def test_gpu_cosine_stats(d, dtype):
     row["naive_torch"] = t_naive * GPU_V / NAIVE_ROWS / 2  # the naive code does full rows: half are the upper triangle
     row["naive_note"] = f"timed on {NAIVE_ROWS} full rows, scaled to V rows, halved for i<j"
     RESULTS[f"gpu_d{d}_{row['dtype']}"] = row
+    _save_partial(row)
+
+
+def _save_partial(row):
+    """Each GPU cell is printed and saved as it finishes, so a suite cut short by its time budget
+    still returns what it measured."""
+    print(f"\n[gpu cell] {json.dumps(row)}", flush=True)
+    os.makedirs(OUT_DIR, exist_ok=True)
+    with open(os.path.join(OUT_DIR, "cosine_stats_gpu_partial.json"), "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(0), "results": RESULTS}, f, indent=1)
 
 
 # --- report ------------------------------------------------------------------------------------
