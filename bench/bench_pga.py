@@ -102,25 +102,27 @@ GPU_N, GPU_D, GPU_K = (1024, 512, 64) if SMOKE else (4096, 4096, 100)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("backend", ["cuda", "triton", "torch"])
+@pytest.mark.parametrize("backend", ["cuda", "triton", "torch", "stream"])
 def test_gpu(benchmark, backend):
     g = torch.Generator().manual_seed(0)
     h = (torch.randn(GPU_N, GPU_D, generator=g) @ (torch.randn(GPU_D, GPU_D, generator=g) / GPU_D**0.5)).cuda()
     w = torch.randn(2 * GPU_D, GPU_D, generator=g).cuda()
 
     def once():
-        z = pga.subspace_pga(h, w, k=GPU_K, n_null=NULLS, ccr=1, seed=0, backend=backend, progress=False).z
+        method, name = ("stream", "auto") if backend == "stream" else ("exact", backend)
+        z = pga.subspace_pga(h, w, k=GPU_K, n_null=NULLS, ccr=1, seed=0, backend=name, method=method, progress=False).z
         torch.cuda.synchronize()
         return z
 
     z = once()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    benchmark.pedantic(once, rounds=1 if backend == "torch" else 3, iterations=1, warmup_rounds=0)
+    benchmark.pedantic(once, rounds=1 if backend in ("torch", "stream") else 3, iterations=1, warmup_rounds=0)
     GPU_RESULTS[backend] = {"seconds": benchmark.stats.stats.median, "z": float(z),
                             "peak_extra_bytes": torch.cuda.max_memory_allocated() - base}
     if backend == "cuda":
         GPU_RESULTS[backend]["setup_seconds"] = gpu_setup_seconds(h, w)
+    print(f"\n[pga gpu {backend}] {json.dumps(GPU_RESULTS[backend])}", flush=True)
 
 
 def gpu_setup_seconds(h, w):

@@ -50,14 +50,14 @@ PY
 
 build() {
   TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} REPCAP_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} \
-    pip install --no-build-isolation --no-deps -e . > "$out/build.log" 2>&1 \
+    python -m pip install --no-build-isolation --no-deps -e . > "$out/build.log" 2>&1 \
     || { tail -60 "$out/build.log"; return 1; }
   grep -E "warning|CUDA kernels" "$out/build.log" | head -20
 }
 export -f build; export out
 if ! step build 300 build; then
   echo "CUDA BUILD FAILED: building without the CUDA kernels so Triton still runs" | tee -a "$log"
-  step build-cpu-only 200 env REPCAP_BUILD_CUDA=0 pip install --no-build-isolation --no-deps -e . || { echo "BUILD FAILED"; exit 1; }
+  step build-cpu-only 200 env REPCAP_BUILD_CUDA=0 python -m pip install --no-build-isolation --no-deps -e . || { echo "BUILD FAILED"; exit 1; }
 fi
 python -c "import json, repcap_fast as rf; print(json.dumps(rf.info(), indent=1))" > "$out/info.json" 2>&1
 grep -A5 '"built"' "$out/info.json" | tee -a "$log"
@@ -74,6 +74,7 @@ export -f bench
 step bench-pga 90 bench bench/bench_pga.py -k gpu
 step bench-penalty 120 bench bench/bench_penalty.py -k "test_gpu and not huge"
 step bench-cosine 240 bench bench/bench_cosine_stats.py -k "gpu or report"
+step diagnostics 120 python bench/gpu_diagnostics.py "$out/gpu_diagnostics.json"
 step bench-penalty-huge 120 bench bench/bench_penalty.py -k huge
 echo "total: $(( $(date +%s) - t0 )) s   tests rc=$tests_rc" | tee -a "$log"
 echo

@@ -101,7 +101,7 @@ def _gram_tile(x_ptr, rows, cols, row_ok, col_ok, d, stride_x,
         k_ok = ks < d
         a = tl.load(a_base + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_base + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        g = tl.dot(a, tl.trans(b), g, input_precision=INPUT_PRECISION)
+        g = tl.dot(a, tl.trans(b), g, input_precision=INPUT_PRECISION, out_dtype=g.dtype)
     return g
 
 
@@ -190,13 +190,13 @@ def _gram_offdiag_fused_kernel(
         xj = tl.load(x_ptr + cols.to(tl.int64)[:, None] * stride_x + offs_d[None, :],
                      mask=(cols < k)[:, None] & d_ok[None, :], other=0.0)
         g = tl.dot(xi, tl.trans(xj), tl.zeros([BLOCK_M, BLOCK_N], dtype=dtype),
-                   input_precision=INPUT_PRECISION)
+                   input_precision=INPUT_PRECISION, out_dtype=dtype)
         g = _offdiag(g, rows, cols, k)
         m_new = tl.maximum(m, tl.max(tl.abs(g), axis=1))
         w, sums = _weights_and_sums(g, m_new, pm1, nbits)
         beta, alpha = _rescale(m, m_new, pm1, nbits)
         s = s * alpha + sums
-        acc = tl.dot(w, xj, acc * beta.to(dtype)[:, None], input_precision=INPUT_PRECISION)
+        acc = tl.dot(w, xj, acc * beta.to(dtype)[:, None], input_precision=INPUT_PRECISION, out_dtype=dtype)
         m = m_new
     tl.store(row_max_ptr + rows, m, mask=row_ok)
     tl.store(row_sum_ptr + rows, s, mask=row_ok)
@@ -302,7 +302,7 @@ def _panel_gemm_kernel(
         gam = tl.load(gamma_ptr + lrows64 * stride_t + c0 // TILE_N)
         xc = tl.load(x_ptr + (col0 + lc).to(tl.int64)[:, None] * stride_x + dcols[None, :],
                      mask=c_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = tl.dot(w * gam[:, None], xc, acc, input_precision=INPUT_PRECISION)
+        acc = tl.dot(w * gam[:, None], xc, acc, input_precision=INPUT_PRECISION, out_dtype=dtype)
     out = grad_ptr + rows.to(tl.int64)[:, None] * stride_grad + dcols[None, :]
     out_ok = row_ok[:, None] & d_ok[None, :]
     has_state = (tl.full([BLOCK_M], first, tl.int32) == 0)[:, None]

@@ -86,7 +86,7 @@ def _pairwise_cosine_stats_kernel(
             if UPCAST:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
-            dots = tl.dot(a, tl.trans(b), dots, input_precision=INPUT_PRECISION)
+            dots = tl.dot(a, tl.trans(b), dots, input_precision=INPUT_PRECISION, out_dtype=dots.dtype)
         inv_a = tl.load(a_inv_ptr + rows, mask=row_ok, other=0.0)
         inv_b = tl.load(b_inv_ptr + cols, mask=col_ok, other=0.0)
         c = dots * inv_a[:, None] * inv_b[None, :]

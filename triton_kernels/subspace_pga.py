@@ -95,7 +95,8 @@ def _subspace_pga_distance_kernel(
         k_ok = ks < k
         a = tl.load(base + rows[:, None] * stride_ur + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         c = tl.load(base + cols[:, None] * stride_ur + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        dots = tl.dot(a, tl.trans(c), dots, input_precision=INPUT_PRECISION)
+        dots = tl.dot(a, tl.trans(c), dots, input_precision=INPUT_PRECISION,
+                      out_dtype=dots.dtype)  # Triton 3.6 assumes float32 unless told
     # + 0.0 turns a −0 into +0 (it cannot arise from 1 − dot, but the key needs canonical zeros)
     dist = tl.minimum(tl.maximum(1.0 - dots, 0.0), 2.0) + 0.0
     keep = row_ok[:, None] & col_ok[None, :] & (cols[None, :] > rows[:, None])
