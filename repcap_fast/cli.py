@@ -276,10 +276,11 @@ def _cmd_report(args) -> int:
     texts, text_name = _texts(args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"--device {args.device}: this torch has no CUDA device ({torch.__version__})")
-    run_report(args.source, args.out, texts=texts, text_name=text_name, n_tokens=args.n_tokens, layers=args.layers,
+    run_report(args.source, args.out, texts=texts, text_name=text_name, text_file=args.text or args.jsonl,
+               jsonl_key=args.jsonl_key if args.jsonl else None, n_tokens=args.n_tokens, layers=args.layers,
                k=args.k, n_null=args.n_null, ccrs=args.ccr, seed=args.seed, device=args.device,
                dtype=_DTYPES[args.dtype], backend=args.backend, bins=args.bins, n_rows=args.n_rows,
-               batch_size=args.batch_size, progress=args.progress, command=sys.argv)
+               zero_rows=args.zero_rows, batch_size=args.batch_size, progress=args.progress, command=sys.argv)
     return 0
 
 
@@ -287,7 +288,7 @@ def _cmd_survey(args) -> int:
     from .report import run_survey
 
     run_survey(args.sources, args.out, bins=args.bins, backend=args.backend, device=args.device, n_rows=args.n_rows,
-               progress=args.progress, command=sys.argv)
+               zero_rows=args.zero_rows, progress=args.progress, command=sys.argv)
     return 0
 
 
@@ -362,6 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_rep.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="model dtype")
     p_rep.add_argument("--batch-size", type=int, default=8)
     p_rep.add_argument("--n-rows", type=_n_rows, help="first N rows of the embeddings, or 'tokenizer'")
+    p_rep.add_argument("--zero-rows", choices=("error", "drop"), default="error",
+                       help="embedding rows that are all zero: stop with an error (default), or drop and count them")
     p_rep.add_argument("--bins", type=int, default=4096)
     p_rep.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
     p_rep.add_argument("--no-progress", dest="progress", action="store_false")
@@ -371,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_sur.add_argument("sources", nargs="+", help="two or more sources (as for report)")
     p_sur.add_argument("--out", default="repcap_survey", help="output folder (default ./repcap_survey)")
     p_sur.add_argument("--n-rows", type=_n_rows, help="'tokenizer' drops padded rows in every model")
+    p_sur.add_argument("--zero-rows", choices=("error", "drop"), default="error")
     p_sur.add_argument("--bins", type=int, default=4096)
     p_sur.add_argument("--device", default="cpu")
     p_sur.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")

@@ -51,7 +51,7 @@ ARCHITECTURES: Dict[str, TensorNames] = {
                            "model.embed_tokens.weight"), ("lm_head.weight", "language_model.lm_head.weight")),
     "phi": TensorNames(("model.embed_tokens.weight", "transformer.embd.wte.weight"), ("lm_head.weight", "lm_head.linear.weight")),
     "gpt2": TensorNames(("transformer.wte.weight", "wte.weight"), ("lm_head.weight",)),
-    "gpt_neox": TensorNames(("gpt_neox.embed_in.weight", "embed_in.weight"), ("embed_out.weight",)),
+    "gpt_neox": TensorNames(("gpt_neox.embed_in.weight", "embed_in.weight"), ("embed_out.weight", "lm_head.weight")),
     "bert": TensorNames(("bert.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight"),
                         ("cls.predictions.decoder.weight",)),
     "roberta": TensorNames(("roberta.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight"),
@@ -66,6 +66,14 @@ _TIE_DEFAULTS = {"llama": False, "mistral": False, "mixtral": False, "qwen2": Fa
                  "qwen3": False, "qwen3_moe": False, "gemma": True, "gemma2": True, "gemma3_text": True,
                  "phi": False, "phi3": False, "gpt2": True, "gpt_neox": False, "bert": True, "roberta": True,
                  "opt": True, "falcon": True}
+
+
+class NoUnembeddingError(KeyError, ValueError):
+    """The source has an input embedding but no unembedding (a single matrix, an SAE decoder, or an
+    untied checkpoint saved without its output head)."""
+
+    def __str__(self):  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 # --- sources --------------------------------------------------------------------------------------
@@ -97,7 +105,7 @@ def _alias_path(alias: str) -> str:
     return os.path.join(_package_dir(SMOLLM2), ggufs[0])
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?$")  # "org/name", or a legacy "gpt2"
 _FILE_SUFFIXES = (".safetensors", ".gguf", ".npy", ".pt", ".pth", ".bin", ".json")
 
 
@@ -113,7 +121,7 @@ def _from_hub_cache(repo_id: str) -> str:
         cache = os.environ.get("HF_HUB_CACHE") or os.path.join(
             os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")), "hub")
         raise FileNotFoundError(
-            f"SOURCE {repo_id!r} is neither a local path nor a model in the local Hugging Face cache ({cache}). "
+            f"SOURCE {repo_id!r} does not exist as a local path and is not in the local Hugging Face cache ({cache}). "
             f"repcap_fast never downloads: on a machine with network, run `huggingface-cli download {repo_id}` "
             f"(or `git clone https://huggingface.co/{repo_id}`) and pass the model directory, or copy that cache "
             f"here and set HF_HOME."
@@ -133,10 +141,12 @@ def resolve_source(source: Optional[Union[str, os.PathLike]] = None) -> Resolved
     elif _HUB_ID.match(given) and not given.lower().endswith(_FILE_SUFFIXES):
         path, label = _from_hub_cache(given), given
     else:
-        raise FileNotFoundError(f"SOURCE {given!r} does not exist: no such file or directory, and not a Hugging "
-                                f"Face repo id or an alias ({', '.join(sorted(set(ALIASES)))}); nothing is downloaded")
+        raise FileNotFoundError(f"SOURCE {given!r} does not exist: no such file or directory (aliases: "
+                                f"{', '.join(sorted(set(ALIASES)))}); nothing is downloaded")
     if os.path.isdir(path):
         kind = "directory"
+    elif path.endswith(".safetensors.index.json"):
+        kind = "sharded-index"
     else:
         ext = path.lower().rsplit(".", 1)[-1] if "." in os.path.basename(path) else ""
         kind = {"safetensors": "safetensors", "gguf": "gguf", "npy": "npy", "pt": "pt", "pth": "pt", "bin": "pt"}.get(ext)
@@ -309,9 +319,9 @@ class _GGUFReader(_Reader):
         t = self.tensors[name]
         qtype = self._gguf.GGMLQuantizationType(int(t.tensor_type))
         Q = self._gguf.GGMLQuantizationType
-        if qtype in (Q.F32, Q.F16, Q.BF16):  # stored as plain floats: keep the type, no dequantization
+        if qtype in (Q.F32, Q.F16, Q.BF16, Q.F64):  # stored as plain floats: keep the type, no dequantization
             flat = np.frombuffer(np.ascontiguousarray(t.data).tobytes(),
-                                 dtype={Q.F32: np.float32, Q.F16: np.float16, Q.BF16: np.int16}[qtype])
+                                 dtype={Q.F32: np.float32, Q.F16: np.float16, Q.BF16: np.int16, Q.F64: np.float64}[qtype])
             rows = flat.reshape(self.shape(name))
             rows = np.array(rows if n_rows is None else rows[:n_rows], copy=True)
             out = torch.from_numpy(rows)
@@ -356,7 +366,8 @@ def _directory_reader(path: str) -> _Reader:
 def _open(resolved: ResolvedSource) -> _Reader:
     if resolved.kind == "directory":
         return _directory_reader(resolved.path)
-    return {"safetensors": _SafetensorsReader, "gguf": _GGUFReader, "npy": _NpyReader, "pt": _TorchReader}[resolved.kind](resolved.path)
+    return {"safetensors": _SafetensorsReader, "gguf": _GGUFReader, "npy": _NpyReader, "pt": _TorchReader,
+            "sharded-index": _ShardedSafetensorsReader}[resolved.kind](resolved.path)
 
 
 # --- configuration, ties and tokenizer size --------------------------------------------------------
@@ -518,7 +529,7 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
             in the local cache, or an alias ("minilm", the default; "smollm2").
         which: "input" (token embedding), "output" (unembedding W_U, V×d) or "both".
         dtype: convert to this dtype; None keeps the stored one (a bf16 checkpoint stays bf16).
-            GGUF tensors are dequantized to float32 (F32/F16/BF16 ones keep their type).
+            GGUF tensors are dequantized to float32 (F32/F16/BF16/F64 ones keep their type).
         device: where the tensors go.
         n_rows: keep the first n_rows rows; "tokenizer" keeps the tokenizer's real tokens and drops
             a padded vocabulary's extra rows (`Embeddings.padded_rows` says how many there are).
@@ -596,7 +607,7 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
         elif untied and which == "input":
             tied, reason = None, f"no output embedding tensor, and {why_untied}: this checkpoint has no unembedding"
         elif untied:
-            raise KeyError(f"{where}: {why_untied}, but there is no output embedding tensor (looked for "
+            raise NoUnembeddingError(f"{where}: {why_untied}, but there is no output embedding tensor (looked for "
                            f"{list(ARCHITECTURES.get(model_type, _DECODER).output)}), so this checkpoint has no "
                            f"unembedding. Tensors found: {_names_listing(names)}")
         elif flag is True:
@@ -609,7 +620,7 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
                                   f"config model_type {model_type!r} does not say otherwise")
                                   + ": the input embedding is the only one")
     if which != "input" and tied is None:
-        raise ValueError(f"which={which!r}: {where} has {reason}; use which='input'")
+        raise NoUnembeddingError(f"which={which!r}: {where} has {reason}; use which='input'")
 
     def fetch(name, raw):
         t = reader.read(name, keep) if raw is None else (raw if keep is None else raw[:keep])
@@ -719,24 +730,58 @@ def _load_hf(resolved: ResolvedSource, dtype: torch.dtype, device):
         hf_logging.set_verbosity(verbosity)
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",
+                    "spiece.model", "sentencepiece.bpe.model")
+
+
+def _gguf_in(resolved: ResolvedSource) -> Optional[Tuple[str, str]]:
+    """(directory, file) of the GGUF model at the source, if it is one."""
+    if resolved.kind == "gguf":
+        return os.path.split(resolved.path)
+    if resolved.kind == "directory" and not os.path.exists(os.path.join(resolved.path, "config.json")):
+        ggufs = sorted(f for f in os.listdir(resolved.path) if f.endswith(".gguf"))
+        if len(ggufs) == 1:
+            return resolved.path, ggufs[0]
+    return None
+
+
+def runnable(source) -> Tuple[bool, str]:
+    """Whether `hidden_states` can run the model at SOURCE, and if not, why (without loading it)."""
+    resolved = source if isinstance(source, ResolvedSource) else resolve_source(source)
+    if _gguf_in(resolved) is not None:
+        return True, "a GGUF model (transformers reads it with the gguf package)"
+    if resolved.kind != "directory":
+        return False, (f"{resolved.path} is a single {resolved.kind} file: running the model needs its model directory "
+                       f"(config.json, weights, tokenizer)")
+    if not os.path.exists(os.path.join(resolved.path, "config.json")):
+        return False, f"{resolved.path} has no config.json"
+    if not any(os.path.exists(os.path.join(resolved.path, f)) for f in _TOKENIZER_FILES):
+        return False, (f"{resolved.path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}): copy the "
+                       f"tokenizer next to the weights")
+    return True, "a model directory with config.json and a tokenizer"
+
+
 def _load_hf_quiet(resolved, dtype, device, AutoModel, AutoModelForCausalLM, AutoTokenizer):
-    if resolved.kind == "gguf" or (resolved.kind == "directory" and not os.path.exists(os.path.join(resolved.path, "config.json"))
-                                   and any(f.endswith(".gguf") for f in os.listdir(resolved.path))):
-        if resolved.kind == "gguf":
-            directory, name = os.path.split(resolved.path)
-        else:
-            directory, name = resolved.path, next(f for f in sorted(os.listdir(resolved.path)) if f.endswith(".gguf"))
+    ok, why = runnable(resolved)
+    if not ok:
+        raise ValueError(f"hidden states: {why}")
+    gguf_file = _gguf_in(resolved)
+    if gguf_file is not None:
+        directory, name = gguf_file
         for module in ("gguf", "accelerate"):
             if importlib.util.find_spec(module) is None:
                 raise ImportError(f"loading a GGUF model with transformers needs `{module}`: `pip install {module}`")
         tok = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=dtype, local_files_only=True)
-    elif resolved.kind == "directory" and os.path.exists(os.path.join(resolved.path, "config.json")):
+        model = getattr(model, "base_model", model)  # the transformer without its head: no logits computed
+    else:
         tok = AutoTokenizer.from_pretrained(resolved.path, local_files_only=True)
         model = AutoModel.from_pretrained(resolved.path, dtype=dtype, local_files_only=True)
-    else:
-        raise ValueError(f"hidden states need a model directory (config.json, weights, tokenizer) or a GGUF file; "
-                         f"{resolved.path} is a {resolved.kind} file")
+    text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    vocab = getattr(text_cfg, "vocab_size", None)
+    if vocab and len(tok) < vocab // 2:
+        raise ValueError(f"the tokenizer at {resolved.path} has {len(tok)} tokens but the model's vocabulary has "
+                         f"{vocab}: it is not this model's tokenizer")
     return tok, model.to(device).eval()
 
 
@@ -748,6 +793,20 @@ def _specials(tok) -> Tuple[List[int], List[int]]:
         if wrapped[at : at + len(bare)] == bare:
             return wrapped[:at], wrapped[at + len(bare):]
     raise RuntimeError(f"cannot tell the tokenizer's special tokens apart: {wrapped} around {bare}")
+
+
+def layer_count(config: Dict) -> Optional[int]:
+    """The number of transformer blocks in a config dict (as `Embeddings.config` holds it)."""
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None
+
+
+def check_layers(layers, n_layers: int) -> List[int]:
+    """`layers` ("all", an int or a list; negative counts from the end) as sorted indices into
+    the n_layers + 1 hidden states, or a ValueError that gives the valid range."""
+    return _check_layers(layers, n_layers)
 
 
 def _check_layers(layers, n_layers: int) -> List[int]:
@@ -796,10 +855,11 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
         raise ValueError(f"n_tokens must be at least 3 (pairs of tokens are compared), got {n_tokens}")
     resolved = resolve_source(source)
     tok, model = _load_hf(resolved, dtype, device)
-    n_layers = int(model.config.num_hidden_layers)
+    text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    n_layers = int(text_cfg.num_hidden_layers)
     keep_layers = _check_layers(layers, n_layers)
 
-    max_len = getattr(model.config, "max_position_embeddings", None)
+    max_len = getattr(text_cfg, "max_position_embeddings", None)
     if token_ids is not None and torch.as_tensor(token_ids).dim() == 2 and max_len and torch.as_tensor(token_ids).shape[1] > max_len:
         raise ValueError(f"token_ids rows have {torch.as_tensor(token_ids).shape[1]} tokens; the model takes at most {max_len}")
     if max_len and seq_len > max_len:
@@ -812,12 +872,13 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
         ids = torch.as_tensor(token_ids)
         if ids.dtype.is_floating_point or ids.dim() not in (1, 2) or ids.numel() == 0:
             raise ValueError(f"token_ids must be a non-empty 1-D stream or 2-D batch of integer ids, got {tuple(ids.shape)} {ids.dtype}")
+        arr = ids.to(torch.int64).numpy()
         if ids.dim() == 2:
-            windows_ids = [row.tolist() for row in ids]
+            windows_ids = list(arr)
         else:
-            stream = ids.tolist()
-            windows_ids = [stream[i : i + content_len] for i in range(0, len(stream), content_len)]
-        text_meta = {"name": "token_ids", "sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest()}
+            windows_ids = [arr[i : i + content_len] for i in range(0, len(arr), content_len)]
+        text_meta = {"name": "token_ids", "sha256": hashlib.sha256(arr.tobytes()).hexdigest(),
+                     "sha256_of": "the int64 token ids"}
     else:
         if texts is None:
             name, paragraphs = default_corpus()
@@ -826,12 +887,20 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
             if not paragraphs or not all(isinstance(p, str) for p in paragraphs):
                 raise ValueError("texts must be a string or a non-empty list of strings")
             name = text_name or "texts"
-        stream = []
-        for p in paragraphs:
-            stream.extend(tok(p, add_special_tokens=False, verbose=False)["input_ids"])
+        # one int32 stream (4 B per token) and windows as views into it
+        parts = [np.asarray(tok(p, add_special_tokens=False, verbose=False)["input_ids"], dtype=np.int32) for p in paragraphs]
+        stream = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+        del parts
         windows_ids = [stream[i : i + content_len] for i in range(0, len(stream), content_len)]
         digest = hashlib.sha256("\n\n".join(paragraphs).encode("utf-8")).hexdigest()
-        text_meta = {"name": name, "sha256": digest, "paragraphs": len(paragraphs)}
+        text_meta = {"name": name, "sha256": digest, "sha256_of": "the paragraphs (whitespace-normalised) joined by "
+                     "blank lines", "paragraphs": len(paragraphs)}
+        unk = getattr(tok, "unk_token_id", None)
+        unk_fraction = float((stream == unk).mean()) if unk is not None and len(stream) else 0.0
+        text_meta["unknown_token_fraction"] = unk_fraction
+        if unk_fraction > 0.05:
+            raise ValueError(f"{unk_fraction:.0%} of the text's tokens are the unknown token {tok.unk_token!r}: the "
+                             f"tokenizer at {resolved.path} does not fit this text (or is not this model's)")
     available = sum(len(w) for w in windows_ids)
     text_meta["tokens_available"] = available
     if n_tokens > available:
@@ -869,7 +938,7 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
         with torch.inference_mode():
             for b0 in range(0, len(run_windows), batch_size):
                 batch = run_windows[b0 : b0 + batch_size]
-                seqs = [prefix + windows_ids[w] + suffix for w in batch]
+                seqs = [prefix + windows_ids[w].tolist() + suffix for w in batch]
                 width = max(len(s) for s in seqs)
                 input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
                 mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -893,13 +962,14 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
     states = {layer: torch.cat(parts) for layer, parts in kept.items()}
     ordered = [(w, o) for w in run_windows for o in by_window[w]]
     meta = {
-        "token_ids": torch.tensor([windows_ids[w][o] for w, o in ordered]),
+        "token_ids": torch.tensor([int(windows_ids[w][o]) for w, o in ordered], dtype=torch.long),
         "windows": torch.tensor([w for w, _ in ordered]),
         "offsets": torch.tensor([o for _, o in ordered]),
         "source": resolved.source, "path": resolved.path, "n_tokens": n_tokens, "seed": seed, "seq_len": seq_len,
         "tokens_per_window": tokens_per_window, "windows_run": len(run_windows), "n_layers": n_layers,
         "model_class": type(model).__name__, "model_dtype": str(dtype).replace("torch.", ""), "device": str(device),
         "special_tokens": {"before": prefix, "after": suffix}, "text": text_meta,
+        "tokenizer": {"class": type(tok).__name__, "size": len(tok), "name_or_path": str(getattr(tok, "name_or_path", ""))},
         "sampling": "windows in a seeded random order until they hold enough tokens, then n_tokens positions "
                     "uniformly among their tokens (numpy default_rng(seed))",
     }

@@ -14,6 +14,7 @@ A report on one model has four parts:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -28,7 +29,7 @@ import torch
 from . import capacity, pga
 from ._backends import info
 from .cosine_stats import cosine_moments, pairwise_cosine_stats
-from .models import Embeddings, HiddenStates, hidden_states, load_embeddings
+from .models import HiddenStates, NoUnembeddingError, check_layers, hidden_states, layer_count, load_embeddings, runnable
 
 REPORT_SECTIONS = ("provenance", "model", "epsilon", "hidden_states", "pga", "spectral")
 
@@ -72,19 +73,22 @@ def _plt():
 # --- ε --------------------------------------------------------------------------------------------
 
 def epsilon_analysis(matrix: torch.Tensor, *, bins: int = 4096, k_sigma: float = 2.0, backend: str = "auto",
-                     progress: bool = True):
+                     zero_rows: str = "error", progress: bool = True):
     """Streamed statistics (kernel 1) and exact moments (Gram identity) of one V×d matrix, with its
-    class and capacity table. Returns (dict, CosineStats)."""
+    class and capacity table. zero_rows: "error", or "drop" (counted in the result). Returns
+    (dict, CosineStats)."""
     t0 = time.perf_counter()
-    stats = pairwise_cosine_stats(matrix, bins=bins, backend=backend, progress=None if progress else False)
+    stats = pairwise_cosine_stats(matrix, bins=bins, backend=backend, zero_rows=zero_rows,
+                                  progress=None if progress else False)
     t_stream = time.perf_counter() - t0
     t0 = time.perf_counter()
-    moments = cosine_moments(matrix)
+    moments = cosine_moments(matrix, zero_rows=zero_rows)
     t_gram = time.perf_counter() - t0
     v, d = stats.shape_a
     eps = stats.epsilon(k_sigma)
     out = {
-        "shape": [v, d], "dtype": str(matrix.dtype).replace("torch.", ""), "pairs": stats.count,
+        "shape": [int(matrix.shape[0]), d], "rows_used": v, "zero_rows_dropped": stats.dropped_rows_a,
+        "dtype": str(matrix.dtype).replace("torch.", ""), "pairs": stats.count,
         "backend": stats.backend,
         "stream": {"mean": stats.mean, "std": stats.std, "epsilon": eps, "min": stats.min, "max": stats.max,
                    "quantiles": {str(q): stats.quantile(q) for q in (0.01, 0.5, 0.9, 0.99, 0.999)}},
@@ -97,18 +101,26 @@ def epsilon_analysis(matrix: torch.Tensor, *, bins: int = 4096, k_sigma: float =
     return out, stats
 
 
-def embedding_vs_unembedding(E: torch.Tensor, U: torch.Tensor, *, bins: int = 4096, backend: str = "auto",
-                             progress: bool = True) -> Dict:
-    """For untied models: cos(E_i, U_i) of each token's own two rows, and all V×V pairs cos(E_i, U_j)."""
-    e = torch.nn.functional.normalize(E.double(), dim=1)
-    u = torch.nn.functional.normalize(U.double(), dim=1)
+def embedding_vs_unembedding(E: torch.Tensor, U: torch.Tensor, *, bins: int = 4096, k_sigma: float = 2.0,
+                             backend: str = "auto", zero_rows: str = "error", progress: bool = True) -> Dict:
+    """For untied models: cos(E_i, U_i) of each token's own two rows, and all V×V pairs cos(E_i, U_j).
+    Tokens with a zero row in E or U have no cosine: an error, or with zero_rows="drop" left out."""
+    e64, u64 = E.double(), U.double()
+    nonzero = (e64.norm(dim=1) > 0) & (u64.norm(dim=1) > 0)
+    if not bool(nonzero.all()) and zero_rows != "drop":
+        raise ValueError(f"{int((~nonzero).sum())} tokens have a zero row in the embedding or the unembedding; "
+                         f"pass zero_rows='drop' (--zero-rows drop) to leave them out")
+    e = torch.nn.functional.normalize(e64[nonzero], dim=1)
+    u = torch.nn.functional.normalize(u64[nonzero], dim=1)
     same = (e * u).sum(dim=1)
-    cross = pairwise_cosine_stats(E, U, bins=bins, backend=backend, progress=None if progress else False)
+    cross = pairwise_cosine_stats(E, U, bins=bins, backend=backend, zero_rows=zero_rows,
+                                  progress=None if progress else False)
     return {
+        "tokens_left_out": int((~nonzero).sum()),
         "same_token": {"mean": float(same.mean()), "std": float(same.std(unbiased=False)),
                        "min": float(same.min()), "max": float(same.max()),
                        "quantiles": {str(q): float(torch.quantile(same, q)) for q in (0.01, 0.5, 0.99)}},
-        "all_pairs": {"pairs": cross.count, "mean": cross.mean, "std": cross.std, "epsilon": cross.epsilon(),
+        "all_pairs": {"pairs": cross.count, "mean": cross.mean, "std": cross.std, "epsilon": cross.epsilon(k_sigma),
                       "min": cross.min, "max": cross.max, "backend": cross.backend},
     }
 
@@ -218,112 +230,160 @@ def _provenance(command: Optional[List[str]], settings: Dict) -> Dict:
             versions[module] = __import__(module).__version__
         except Exception:  # noqa: BLE001 - absent or without a version
             versions[module] = None
-    return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command or sys.argv,
+    return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command,
             "settings": settings, "versions": versions,
             "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                         "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}}
 
 
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _load_for_report(source, n_rows, device):
+    """Both matrices when the source has an unembedding, else the input alone (and why)."""
+    try:
+        return load_embeddings(source, which="both", n_rows=n_rows, device=device), None
+    except NoUnembeddingError as exc:
+        return load_embeddings(source, which="input", n_rows=n_rows, device=device), str(exc)
+
+
 def run_report(source=None, out: str = "repcap_report", *, texts=None, text_name: Optional[str] = None,
+               text_file: Optional[str] = None, jsonl_key: Optional[str] = None,
                n_tokens: int = 2048, layers="all", k: int = 100, n_null: int = 100, ccrs: Sequence[int] = (1, 5, 10),
                seed: int = 0, device="cpu", dtype: torch.dtype = torch.float32, backend: str = "auto",
-               bins: int = 4096, k_sigma: float = 2.0, n_rows=None, batch_size: int = 8, progress: bool = True,
-               log=print, command: Optional[List[str]] = None) -> Dict:
+               bins: int = 4096, k_sigma: float = 2.0, n_rows=None, zero_rows: str = "error", batch_size: int = 8,
+               progress: bool = True, log=print, command: Optional[List[str]] = None) -> Dict:
     """Runs the whole analysis of one model and writes OUT/report.json, OUT/report.md and the PNGs.
-    Returns the report dict. See the module docstring for what it contains."""
+    Returns the report dict. See the module docstring for what it contains.
+
+    Arguments are checked against the model's config before any heavy work; the hidden states
+    (where a text that is too short shows) run before the V² pass of ε. If a stage fails, report.json
+    is still written with the stages that finished and the error, and the error is raised."""
     os.makedirs(out, exist_ok=True)
-    settings = {"source": source, "n_tokens": n_tokens, "layers": layers, "k": k, "n_null": n_null, "ccrs": list(ccrs),
-                "seed": seed, "device": str(device), "dtype": str(dtype).replace("torch.", ""), "backend": backend,
-                "bins": bins, "k_sigma": k_sigma, "n_rows": n_rows, "batch_size": batch_size,
-                "text": text_name or ("default corpus" if texts is None else "texts")}
+    settings = {"source": None if source is None else str(source), "n_tokens": n_tokens, "layers": layers, "k": k,
+                "n_null": n_null, "ccrs": list(ccrs), "seed": seed, "device": str(device),
+                "dtype": str(dtype).replace("torch.", ""), "backend": backend, "bins": bins, "k_sigma": k_sigma,
+                "n_rows": n_rows, "zero_rows": zero_rows, "batch_size": batch_size,
+                "text": text_name or ("default corpus" if texts is None else "texts"),
+                "text_file": None if text_file is None else os.path.abspath(text_file),
+                "text_file_sha256": None if text_file is None else _file_sha256(text_file), "jsonl_key": jsonl_key}
     report: Dict = {"provenance": _provenance(command, settings)}
     seconds: Dict[str, float] = {}
     plots: Dict[str, str] = {}
     t_all = time.perf_counter()
 
-    t0 = _stage("loading the embedding matrices", log)
+    def finish(error: Optional[BaseException] = None) -> Dict:
+        seconds["total"] = time.perf_counter() - t_all
+        report["provenance"]["seconds"] = seconds
+        report["provenance"]["plots"] = plots
+        if error is not None:
+            report["error"] = f"{type(error).__name__}: {error}"
+        cleaned = _clean(report)
+        with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as fh:
+            json.dump(cleaned, fh, indent=1, allow_nan=False)
+        if error is None:
+            with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as fh:
+                fh.write(report_markdown(cleaned))
+        return cleaned
+
     try:
-        emb = load_embeddings(source, which="both", n_rows=n_rows, device=device)
-    except ValueError as exc:  # a single matrix (SAE decoder, .npy): no unembedding, no model to run
-        if "which='input'" not in str(exc):
-            raise
-        emb = load_embeddings(source, which="input", n_rows=n_rows, device=device)
-    report["model"] = emb.to_dict()
-    seconds["load"] = time.perf_counter() - t0
-    log(f"   {emb.kind} · {emb.architecture} · {emb.vocab_rows}×{emb.d_model} · tied={emb.tied} ({emb.tied_reason})")
+        t0 = _stage("loading the embedding matrices", log)
+        emb, no_unembedding = _load_for_report(source, n_rows, device)
+        report["model"] = emb.to_dict()
+        seconds["load"] = time.perf_counter() - t0
+        log(f"   {emb.kind} · {emb.architecture} · {emb.rows_kept}×{emb.d_model} · tied={emb.tied} ({emb.tied_reason})")
 
-    t0 = _stage("ε of the embedding matrix (streamed over all pairs, and exact)", log)
-    eps_in, stats_in = epsilon_analysis(emb.input if emb.input is not None else emb.output, bins=bins,
-                                        k_sigma=k_sigma, backend=backend, progress=progress)
-    eps_section = {"input": eps_in}
-    curves = [("input embedding", stats_in)]
-    if emb.tied is False and emb.output is not None:
-        eps_out, stats_out = epsilon_analysis(emb.output, bins=bins, k_sigma=k_sigma, backend=backend, progress=progress)
-        eps_section["output"] = eps_out
-        curves.append(("unembedding", stats_out))
-        eps_section["input_vs_output"] = embedding_vs_unembedding(emb.input, emb.output, bins=bins, backend=backend,
-                                                                  progress=progress)
-    else:
-        eps_section["output"] = None
-        eps_section["note"] = ("tied: the unembedding is the input embedding" if emb.tied
-                               else "no unembedding in this source")
-    report["epsilon"] = eps_section
-    plots["cosine_histogram"] = "cosine_histogram.png"
-    plot_cosine_histograms(curves, os.path.join(out, plots["cosine_histogram"]),
-                           f"{emb.source}: {emb.rows_kept}×{emb.d_model}")
-    seconds["epsilon"] = time.perf_counter() - t0
-    log(f"   ε = {eps_in['epsilon']:.6f} (exact {eps_in['exact']['epsilon']:.6f}) · {eps_in['class_description']}")
+        # What can run, and are the arguments valid for this model? Checked before any heavy work.
+        can_run, why = runnable(source)
+        skip = None
+        if no_unembedding is not None:
+            skip = f"no unembedding: {no_unembedding}"
+        elif not can_run:
+            skip = why
+        keep_layers = None
+        if skip is None:
+            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < emb.d_model:
+                raise ValueError(f"k must be an int in [1, d) = [1, {emb.d_model}), got {k!r}")
+            n_layers = layer_count(emb.config)
+            if n_layers is not None:
+                keep_layers = check_layers(layers, n_layers)
 
-    runnable = emb.kind not in ("sae", "npy", "pt") and emb.output is not None
-    if not runnable:
-        why = f"{emb.kind} source: no model to run and no unembedding"
-        report["hidden_states"] = {"skipped": why}
-        report["pga"] = {"skipped": why}
-        report["spectral"] = {"skipped": why}
-    else:
-        t0 = _stage(f"hidden states ({n_tokens} tokens, seed {seed})", log)
-        states = hidden_states(source, texts=texts, layers=layers, n_tokens=n_tokens, batch_size=batch_size,
-                               dtype=dtype, device=device, seed=seed, text_name=text_name, progress=progress)
-        hs_meta = states.to_dict()
-        report["hidden_states"] = hs_meta
-        seconds["hidden_states"] = time.perf_counter() - t0
+        if skip is None:
+            t0 = _stage(f"hidden states ({n_tokens} tokens, seed {seed})", log)
+            states = hidden_states(source, texts=texts, layers=layers, n_tokens=n_tokens, batch_size=batch_size,
+                                   dtype=dtype, device=device, seed=seed, text_name=text_name, progress=progress)
+            report["hidden_states"] = states.to_dict()
+            seconds["hidden_states"] = time.perf_counter() - t0
+            if keep_layers is not None and states.layers != keep_layers:
+                raise RuntimeError(f"the model ran layers {states.layers}, its config says {keep_layers}")
 
-        t0 = _stage(f"Subspace PGA: {len(states)} layers × CCR {list(ccrs)}, k={k}, {n_null} null subspaces", log)
-        w_u = emb.output.to(torch.float64)
-        layer_list = states.layers
-        results = pga.pga_profile([states[layer].to(device) for layer in layer_list], W_U=w_u, k=k, n_null=n_null,
-                                  ccrs=ccrs, seed=seed, backend=backend, progress=progress)
-        profile = {}
-        for ccr, per_layer in results.items():
-            profile[str(ccr)] = [{"layer": layer, **{key: _finite(getattr(r, key)) for key in
-                                                     ("z", "rho_readout", "null_mean", "null_std")},
-                                  "null_rhos": [_finite(x) for x in r.null_rhos], "n_pairs": r.n_pairs,
-                                  "backend": r.backend}
-                                 for layer, r in zip(layer_list, per_layer)]
-        report["pga"] = {"k": k, "n_null": n_null, "seed": seed, "ccrs": list(ccrs), "readout": "top-k right singular "
-                         "vectors of W_U (the unembedding" + (", tied to the input embedding)" if emb.tied else ")"),
-                         "profile": profile}
-        plots["pga_profile"] = "pga_profile.png"
-        plot_pga_profile(profile, os.path.join(out, plots["pga_profile"]),
-                         f"{emb.source}: Subspace PGA, k={k}, {n_null} nulls, {n_tokens} tokens")
-        seconds["pga"] = time.perf_counter() - t0
+        t0 = _stage("ε of the embedding matrix (streamed over all pairs, and exact)", log)
+        matrix = emb.input if emb.input is not None else emb.output
+        eps_in, stats_in = epsilon_analysis(matrix, bins=bins, k_sigma=k_sigma, backend=backend, zero_rows=zero_rows,
+                                            progress=progress)
+        eps_section = {"input": eps_in}
+        curves = [("input embedding", stats_in)]
+        if emb.tied is False and emb.output is not None:
+            eps_out, stats_out = epsilon_analysis(emb.output, bins=bins, k_sigma=k_sigma, backend=backend,
+                                                  zero_rows=zero_rows, progress=progress)
+            eps_section["output"] = eps_out
+            curves.append(("unembedding", stats_out))
+            eps_section["input_vs_output"] = embedding_vs_unembedding(emb.input, emb.output, bins=bins, k_sigma=k_sigma,
+                                                                      backend=backend, zero_rows=zero_rows,
+                                                                      progress=progress)
+        else:
+            eps_section["output"] = None
+            eps_section["note"] = ("tied: the unembedding is the input embedding" if emb.tied
+                                   else "no unembedding in this source")
+        report["epsilon"] = eps_section
+        plots["cosine_histogram"] = "cosine_histogram.png"
+        plot_cosine_histograms(curves, os.path.join(out, plots["cosine_histogram"]),
+                               f"{emb.source}: {emb.rows_kept}×{emb.d_model}", k_sigma)
+        seconds["epsilon"] = time.perf_counter() - t0
+        log(f"   ε = {eps_in['epsilon']:.6f} (exact {eps_in['exact']['epsilon']:.6f}) · {eps_in['class_description']}")
 
-        t0 = _stage("spectral metrics and readout alignment per layer", log)
-        basis = pga.readout_basis(w_u, k).basis.cpu()
-        spectral = spectral_profile(states, basis)
-        report["spectral"] = {"m_directions": 10, "k": k, "layers": spectral}
-        plots["spectral"] = "spectral.png"
-        plot_spectral(spectral, os.path.join(out, plots["spectral"]), f"{emb.source}: spectra per layer")
-        seconds["spectral"] = time.perf_counter() - t0
+        if skip is not None:
+            report["hidden_states"] = report["pga"] = report["spectral"] = {"skipped": skip}
+            log(f"   no hidden states, PGA or spectra: {skip}")
+        else:
+            t0 = _stage(f"Subspace PGA: {len(states)} layers × CCR {list(ccrs)}, k={k}, {n_null} null subspaces", log)
+            w_u = emb.output.to(torch.float64)
+            layer_list = states.layers
+            results = pga.pga_profile([states[layer].to(device) for layer in layer_list], W_U=w_u, k=k,
+                                      n_null=n_null, ccrs=ccrs, seed=seed, backend=backend, progress=progress)
+            profile = {}
+            for ccr, per_layer in results.items():
+                profile[str(ccr)] = [{"layer": layer, **{key: _finite(getattr(r, key)) for key in
+                                                         ("z", "rho_readout", "null_mean", "null_std")},
+                                      "null_rhos": [_finite(x) for x in r.null_rhos], "n_pairs": r.n_pairs,
+                                      "backend": r.backend}
+                                     for layer, r in zip(layer_list, per_layer)]
+            report["pga"] = {"k": k, "n_null": n_null, "seed": seed, "ccrs": list(ccrs),
+                             "readout": "top-k right singular vectors of W_U (the unembedding"
+                                        + (", tied to the input embedding)" if emb.tied else ")"),
+                             "profile": profile}
+            plots["pga_profile"] = "pga_profile.png"
+            plot_pga_profile(profile, os.path.join(out, plots["pga_profile"]),
+                             f"{emb.source}: Subspace PGA, k={k}, {n_null} nulls, {n_tokens} tokens")
+            seconds["pga"] = time.perf_counter() - t0
 
-    seconds["total"] = time.perf_counter() - t_all
-    report["provenance"]["seconds"] = seconds
-    report["provenance"]["plots"] = plots
-    report = _clean(report)
-    with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as fh:
-        json.dump(report, fh, indent=1, allow_nan=False)
-    with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as fh:
-        fh.write(report_markdown(report))
+            t0 = _stage("spectral metrics and readout alignment per layer", log)
+            basis = pga.readout_basis(w_u, k).basis.cpu()
+            spectral = spectral_profile(states, basis)
+            report["spectral"] = {"m_directions": 10, "k": k, "layers": spectral}
+            plots["spectral"] = "spectral.png"
+            plot_spectral(spectral, os.path.join(out, plots["spectral"]), f"{emb.source}: spectra per layer")
+            seconds["spectral"] = time.perf_counter() - t0
+    except BaseException as exc:
+        finish(exc)
+        log(f"== failed: {type(exc).__name__}: {exc} (what finished is in {out}/report.json)")
+        raise
+    report = finish()
     log(f"== wrote {out}/report.json, report.md and {len(plots)} plots in {seconds['total']:.1f} s")
     return report
 
@@ -338,8 +398,13 @@ def report_markdown(report: Dict) -> str:
     inp = e["input"]
     lines = [f"# repcap report: {m['source']}", "",
              f"- weights: `{m['path']}` ({m['kind']}, architecture {m['architecture']})",
-             f"- input embedding `{m['input_name']}`: {m['vocab_rows']} rows × {inp['shape'][1]}, {inp['dtype']}"
-             + (f"; tokenizer has {m['tokenizer_size']} tokens ({m['padded_rows']} padded rows)" if m["tokenizer_size"] else ""),
+             f"- input embedding `{m['input_name']}`: {m['vocab_rows']} rows × {inp['shape'][1]}, {inp['dtype']}; "
+             f"{inp['rows_used']} rows analysed"
+             + (f" ({inp['zero_rows_dropped']} zero rows dropped)" if inp.get("zero_rows_dropped") else "")
+             + (f"; the tokenizer has {m['tokenizer_size']} tokens, so {m['padded_rows']} rows are padding"
+                + (" (dropped)" if m["padded_rows"] and m["rows_kept"] <= m["tokenizer_size"] else
+                   " (kept; --n-rows tokenizer drops them)" if m["padded_rows"] else "")
+                if m["tokenizer_size"] else ""),
              f"- tied: {m['tied']} ({m['tied_reason']})",
              f"- {report['provenance']['time_utc']}, repcap_fast {report['provenance']['versions']['repcap_fast']}, "
              f"torch {report['provenance']['versions']['torch']}", "",
@@ -355,6 +420,9 @@ def report_markdown(report: Dict) -> str:
     for name, row in inp["capacity"]["formulas"].items():
         lines.append(f"| {name} | " + ("n/a | n/a | n/a |" if row is None else
                                       f"{_fmt(row['capacity'], '.4g')} | {_fmt(row['log10_capacity'], '.2f')} | {_fmt(row['welch_floor'], '.5f')} |"))
+    if inp["class"] == 1:
+        lines.append("\n**Class 1 (ε > 0.2): there is no near-orthogonal structure, and these capacities are "
+                     "indeterminate.**")
     if "welch_floor_vocab" in inp["capacity"]:
         lines.append(f"\nNo {inp['capacity']['vocab']} unit vectors in R^{inp['capacity']['d']} have max|c| below "
                      f"{inp['capacity']['welch_floor_vocab']:.6f}.")
@@ -366,6 +434,8 @@ def report_markdown(report: Dict) -> str:
     elif e.get("note"):
         lines.append(f"\n({e['note']}.)")
     lines.append("\n![cosines](cosine_histogram.png)\n")
+    if "skipped" in report.get("pga", {}):
+        lines += ["## Subspace PGA and spectra", "", f"Not run: {report['pga']['skipped']}."]
     if "profile" in report.get("pga", {}):
         p = report["pga"]
         hs = report["hidden_states"]
@@ -391,8 +461,8 @@ def report_markdown(report: Dict) -> str:
 # --- survey ---------------------------------------------------------------------------------------
 
 def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 4096, k_sigma: float = 2.0,
-               backend: str = "auto", device="cpu", n_rows=None, progress: bool = True, log=print,
-               command: Optional[List[str]] = None) -> Dict:
+               backend: str = "auto", device="cpu", n_rows=None, zero_rows: str = "error", progress: bool = True,
+               log=print, command: Optional[List[str]] = None) -> Dict:
     """Several models side by side, like the paper's table: d_model, ε, class, capacity; and the
     plot of ε against d_model. Writes OUT/survey.json, OUT/survey.md and OUT/epsilon_vs_d.png."""
     if not sources:
@@ -402,9 +472,11 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
     for source in sources:
         t0 = _stage(f"{source}", log)
         emb = load_embeddings(source, which="input", n_rows=n_rows, device=device)
-        eps, _ = epsilon_analysis(emb.input, bins=bins, k_sigma=k_sigma, backend=backend, progress=progress)
+        eps, _ = epsilon_analysis(emb.input, bins=bins, k_sigma=k_sigma, backend=backend, zero_rows=zero_rows,
+                                  progress=progress)
         full = eps["capacity"]["formulas"]["full"]
         rows.append({"source": str(source), "architecture": emb.architecture, "vocab_rows": emb.rows_kept,
+                     "rows_used": eps["rows_used"], "zero_rows_dropped": eps["zero_rows_dropped"],
                      "d_model": emb.d_model, "tied": emb.tied, "epsilon": eps["epsilon"],
                      "epsilon_exact": eps["exact"]["epsilon"], "mean": eps["stream"]["mean"], "std": eps["stream"]["std"],
                      "class": eps["class"], "class_description": eps["class_description"],
@@ -414,13 +486,15 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
                      "model": emb.to_dict(), "seconds": time.perf_counter() - t0})
         log(f"   d={emb.d_model} ε={eps['epsilon']:.4f} {eps['class_description']}")
     doc = _clean({"provenance": _provenance(command, {"sources": [str(s) for s in sources], "bins": bins,
-                                                       "k_sigma": k_sigma, "n_rows": n_rows}), "models": rows})
+                                                       "k_sigma": k_sigma, "n_rows": n_rows,
+                                                       "zero_rows": zero_rows}), "models": rows})
     with open(os.path.join(out, "survey.json"), "w", encoding="utf-8") as fh:
         json.dump(doc, fh, indent=1, allow_nan=False)
     md = ["# repcap survey", "", "| model | d_model | V | ε | class | capacity (full form) |", "|---|---|---|---|---|---|"]
     for r in doc["models"]:
-        md.append(f"| {r['source']} | {r['d_model']} | {r['vocab_rows']} | {_fmt(r['epsilon'])} | {r['class_description']} | "
-                  f"{_fmt(r['capacity_full'], '.3g')} |")
+        cap = "indeterminate" if r["class"] == 1 else _fmt(r["capacity_full"], ".3g")
+        md.append(f"| {r['source']} | {r['d_model']} | {r['rows_used']} | {_fmt(r['epsilon'])} | {r['class_description']} | "
+                  f"{cap} |")
     md += ["", "![epsilon vs d](epsilon_vs_d.png)", ""]
     with open(os.path.join(out, "survey.md"), "w", encoding="utf-8") as fh:
         fh.write("\n".join(md))

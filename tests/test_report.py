@@ -149,6 +149,7 @@ def test_survey_of_two_sources(tmp_path, capsys):
     assert rows[1]["epsilon"] == pytest.approx(2 / 16, abs=0.01) and rows[1]["capacity_full"] > 1
     md = (out / "survey.md").read_text()
     assert "| model | d_model | V | ε | class | capacity (full form) |" in md and "random_256.npy" in md
+    assert "indeterminate |" in md.splitlines()[4]  # MiniLM is class 1: no capacity is claimed
     assert_png(out / "epsilon_vs_d.png")
 
 
@@ -163,3 +164,59 @@ def test_report_bad_input(tmp_path, capsys):
         main(["report", "--layers", "one,two"])
     assert main(["survey", "minilm", str(tmp_path / "nope.npy"), "--out", str(tmp_path / "s")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@needs_minilm
+def test_report_checks_arguments_before_the_heavy_work(tmp_path):
+    out = tmp_path / "o"
+    with pytest.raises(ValueError, match="out of range"):
+        rf.report.run_report("minilm", str(out), layers=[99], progress=False, log=lambda *a: None)
+    doc = json.loads((out / "report.json").read_text())
+    assert "model" in doc and "epsilon" not in doc and "out of range" in doc["error"]
+    assert not (out / "cosine_histogram.png").exists() and not (out / "report.md").exists()
+    with pytest.raises(ValueError, match="k must be"):
+        rf.report.run_report("minilm", str(tmp_path / "o2"), k=384, progress=False, log=lambda *a: None)
+    with pytest.raises(ValueError, match="provides only"):  # the text, before the V² pass
+        rf.report.run_report("minilm", str(tmp_path / "o3"), texts=["a short text"], progress=False, log=lambda *a: None)
+    assert "epsilon" not in json.loads((tmp_path / "o3" / "report.json").read_text())
+
+
+@needs_minilm
+def test_report_on_a_base_model_without_head_and_on_pytorch_bin(tmp_path):
+    from transformers import GPTNeoXConfig, GPTNeoXModel
+
+    model = _tiny_untied_neox(tmp_path / "full")
+    # the transformer alone, untied, no output head: ε and spectra-free report, PGA skipped with the reason
+    base_dir = tmp_path / "base"
+    model.gpt_neox.save_pretrained(base_dir, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(tmp_path / "full" / name, base_dir / name)
+    assert isinstance(model.gpt_neox, GPTNeoXModel) and not GPTNeoXConfig.from_pretrained(base_dir).tie_word_embeddings
+    doc = rf.report.run_report(str(base_dir), str(tmp_path / "o1"), n_tokens=200, k=8, n_null=5, progress=False,
+                               log=lambda *a: None)
+    assert doc["model"]["tied"] is None and "no unembedding" in doc["pga"]["skipped"]
+    assert doc["epsilon"]["input"]["shape"] == [30522, 32]
+    # the same model as pytorch_model.bin: still a model directory that runs
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    torch.save(model.state_dict(), bin_dir / "pytorch_model.bin")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(tmp_path / "full" / name, bin_dir / name)
+    doc = rf.report.run_report(str(bin_dir), str(tmp_path / "o2"), n_tokens=200, k=8, n_null=5, ccrs=(1,),
+                               progress=False, log=lambda *a: None)
+    assert doc["model"]["kind"] == "pt" and doc["model"]["tied"] is False
+    assert len(doc["pga"]["profile"]["1"]) == 3 and doc["hidden_states"]["n_tokens"] == 200
+
+
+def test_report_and_survey_drop_zero_rows_when_asked(tmp_path, capsys):
+    a = np.random.default_rng(2).standard_normal((200, 16)).astype(np.float32)
+    a[[3, 50]] = 0
+    src = tmp_path / "z.npy"
+    np.save(src, a)
+    with pytest.raises(ValueError, match="zero"):
+        rf.report.run_report(str(src), str(tmp_path / "o"), progress=False, log=lambda *a: None)
+    doc = rf.report.run_report(str(src), str(tmp_path / "o"), zero_rows="drop", progress=False, log=lambda *a: None)
+    e = doc["epsilon"]["input"]
+    assert e["zero_rows_dropped"] == 2 and e["rows_used"] == 198 and e["pairs"] == 198 * 197 // 2
+    assert main(["survey", str(src), "--zero-rows", "drop", "--out", str(tmp_path / "s"), "--no-progress"]) == 0
+    assert json.loads((tmp_path / "s" / "survey.json").read_text())["models"][0]["zero_rows_dropped"] == 2
