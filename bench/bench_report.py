@@ -62,25 +62,25 @@ def _installed(model):
     return importlib.util.find_spec(MODELS[model]) is not None
 
 
+def _bench(benchmark, model, device, tmp_path):
+    if not _installed(model):
+        pytest.skip(f"{model} is not installed on this machine (a GPU machine without network needs its wheel carried)")
+    res = {}
+    benchmark.pedantic(lambda: res.update(run_report(model, device, tmp_path)), rounds=1, iterations=1)
+    tag = "gpu" if device.startswith("cuda") else "cpu"
+    RESULTS[f"{tag}_{model}"] = res
+    print(f"\n[report {tag} {model}] {json.dumps({k: v for k, v in res.items() if k != 'settings'})}", flush=True)
+
+
 @pytest.mark.parametrize("model", list(MODELS))
 def test_report_cpu(benchmark, model, tmp_path):
-    if not _installed(model):
-        pytest.skip(f"{model} is not installed")
-    res = {}
-    benchmark.pedantic(lambda: res.update(run_report(model, "cpu", tmp_path)), rounds=1, iterations=1)
-    RESULTS[f"cpu_{model}"] = res
-    print(f"\n[report cpu {model}] {json.dumps({k: v for k, v in res.items() if k != 'settings'})}", flush=True)
+    _bench(benchmark, model, "cpu", tmp_path)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("model", list(MODELS))
 def test_report_gpu(benchmark, model, tmp_path):
-    if not _installed(model):
-        pytest.skip(f"{model} is not installed on this machine (the GPU machine has no network: carry its wheel)")
-    res = {}
-    benchmark.pedantic(lambda: res.update(run_report(model, "cuda", tmp_path)), rounds=1, iterations=1)
-    RESULTS[f"gpu_{model}"] = res
-    print(f"\n[report gpu {model}] {json.dumps({k: v for k, v in res.items() if k != 'settings'})}", flush=True)
+    _bench(benchmark, model, "cuda", tmp_path)
 
 
 def teardown_module(module):

@@ -391,9 +391,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_DISTRIBUTED_COMMANDS = ("epsilon", "sweep")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    import contextlib
+
+    from .distributed import init_from_torchrun, is_main
+
     try:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun
+            if args.command not in _DISTRIBUTED_COMMANDS:
+                raise RuntimeError(f"`repcap {args.command}` does not run across ranks yet; run it without torchrun "
+                                   f"(across ranks: {', '.join(_DISTRIBUTED_COMMANDS)})")
+            init_from_torchrun(getattr(args, "device", None) or "cpu")
+            if not is_main():  # rank 0 prints and writes files; the others compute their share
+                args.json = args.plot = None
+                with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+                    return args.func(args)
         return args.func(args)
     except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError, ImportError, NotImplementedError) as exc:
         print(f"repcap: error: {exc}", file=sys.stderr)

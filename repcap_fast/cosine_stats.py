@@ -218,8 +218,12 @@ def _job_plan(m: int, device: torch.device):
     return bounds, jobs
 
 
-def _run_jobs(kernel, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
-    """Cuts the work into jobs, runs `kernel` on each, merges the partials in job order."""
+def _run_jobs(kernel, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress, group=None):
+    """Cuts the work into jobs, runs `kernel` on each, merges the partials in job order.
+
+    With a process group, each rank runs the jobs `assign_units` gives it, the per-job partials
+    are summed across ranks (each job's row is nonzero on exactly one rank, so the sum is exact),
+    and every rank merges them in the same job order: the single-process result, bitwise."""
     if b is None:
         bounds, jobs = _job_plan(a.shape[0], a.device)
         work = []
@@ -238,18 +242,48 @@ def _run_jobs(kernel, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
         m = job[0].shape[0]
         return m * (m - 1) // 2 if job[2] is None else m * job[2].shape[0]
 
-    total_pairs = sum(pairs(job) for job in work)
-    bar = _progress_bar(progress, total_pairs, total_pairs * a.shape[1], "cosine pairs")
+    weights = [pairs(job) for job in work]
+    if group is None:
+        owner, rank = [0] * len(work), 0
+    else:
+        from .distributed import assign_units, rank_and_world
+
+        rank, world = rank_and_world(group)
+        owner = assign_units(weights, world)
+    mine = sum(w for w, o in zip(weights, owner) if o == rank)
+    bar = _progress_bar(progress if rank == 0 else False, mine, mine * a.shape[1], "cosine pairs")
+    moments = torch.zeros(len(work), 4, dtype=torch.float64)  # Σc, Σc², min, max per job
+    counts = torch.zeros(len(work), 3 + bins, dtype=torch.int64)  # pairs, below, above, hist per job
+
+    def run_mine():
+        try:
+            for u, job in enumerate(work):
+                if weights[u] == 0 or owner[u] != rank:
+                    continue
+                mom, cnt, h = kernel(job[0], job[1], job[2], job[3], bins, lo, hi, math_mode)
+                moments[u] = mom.cpu()
+                counts[u, :3] = cnt.cpu()
+                counts[u, 3:] = h.cpu()
+                if bar is not None:
+                    bar.update(int(cnt[0]))
+        finally:
+            if bar is not None:
+                bar.close()
+
+    if group is None:
+        run_mine()
+    else:
+        from .distributed import run_on_every_rank, sum_across_ranks
+
+        run_on_every_rank("pairwise_cosine_stats", run_mine, group)
+        moments, counts = sum_across_ranks([moments, counts], group, a.device)
     total = total_sq = 0.0
     cmin, cmax = math.inf, -math.inf
     count = below = above = 0
     hist = torch.zeros(bins, dtype=torch.int64)
-    for job in work:
-        if pairs(job) == 0:
+    for u, (mom, cnt) in enumerate(zip(moments.tolist(), counts[:, :3].tolist())):
+        if weights[u] == 0:
             continue
-        moments, counts, h = kernel(job[0], job[1], job[2], job[3], bins, lo, hi, math_mode)
-        mom = moments.tolist()
-        cnt = counts.tolist()
         total += mom[0]
         total_sq += mom[1]
         cmin = min(cmin, mom[2])
@@ -257,11 +291,7 @@ def _run_jobs(kernel, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
         count += cnt[0]
         below += cnt[1]
         above += cnt[2]
-        hist += h.cpu()
-        if bar is not None:
-            bar.update(cnt[0])
-    if bar is not None:
-        bar.close()
+    hist += counts[:, 3:].sum(0)
     return dict(count=count, sum=total, sum_sq=total_sq, min=cmin, max=cmax, below=below, above=above, hist=hist)
 
 
@@ -274,19 +304,21 @@ def _progress_bar(progress, total, work, unit):
     return tqdm(total=total, unit=" pairs", unit_scale=True, desc=unit, leave=False)
 
 
-def _pairwise_cosine_stats_cpu(a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
-    return _run_jobs(torch.ops.repcap_fast.pairwise_cosine_stats, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress)
+def _pairwise_cosine_stats_cpu(a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress, group=None):
+    return _run_jobs(torch.ops.repcap_fast.pairwise_cosine_stats, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress,
+                     group)
 
 
-def _pairwise_cosine_stats_cuda(a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
+def _pairwise_cosine_stats_cuda(a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress, group=None):
     # The same registered op as the CPU backend: the dispatcher routes CUDA tensors to csrc/cuda.
-    return _run_jobs(torch.ops.repcap_fast.pairwise_cosine_stats, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress)
+    return _run_jobs(torch.ops.repcap_fast.pairwise_cosine_stats, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress,
+                     group)
 
 
-def _pairwise_cosine_stats_triton(a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress):
+def _pairwise_cosine_stats_triton(a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress, group=None):
     from .triton_kernels import pairwise_cosine_stats_triton
 
-    return _run_jobs(pairwise_cosine_stats_triton, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress)
+    return _run_jobs(pairwise_cosine_stats_triton, a, inv_a, b, inv_b, bins, lo, hi, math_mode, progress, group)
 
 
 def _pairwise_cosine_stats_torch(a, b, bins, lo, hi, progress):
@@ -309,6 +341,7 @@ def pairwise_cosine_stats(
     backend: str = "auto",
     precision: str = "highest",
     progress: Optional[bool] = None,
+    group=None,
 ) -> CosineStats:
     """Statistics of all pairwise cosine similarities of the rows of A (pairs i<j), or of all
     pairs (i in A, j in B), streamed tile by tile: O(V·d) memory, never V×V.
@@ -325,6 +358,10 @@ def pairwise_cosine_stats(
             (tensor cores). bf16/fp16 inputs always use exact products with float32
             accumulation. The C++ CPU kernel always works in float32.
         progress: show a progress bar (default: on when pairs × d ≥ 8e10, about a second of CPU).
+        group: a torch.distributed process group. When one is given, or the default group is
+            initialized with more than one rank (torchrun), the jobs are split across the ranks,
+            which must all pass the same A, B and settings (checked); every rank returns the
+            single-process result, bitwise (the torch backend computes everything on every rank).
 
     Dot products are accumulated in float32 (float64 on the torch backend) and scaled by the
     inverse float64 row norms; per-row/tile sums are merged in float64 in a fixed order, so a
@@ -336,6 +373,14 @@ def pairwise_cosine_stats(
     A = val.as_matrix(A, "A")  # once: a non-contiguous numpy array is copied here
     name = resolve_backend(backend, A.device, "pairwise_cosine_stats")
     a, norms_a, dropped_a, b, norms_b, dropped_b = _prepare(A, B, zero_rows, n_rows)
+    from .distributed import check_same_on_all_ranks, resolve_group, tensor_digest
+
+    group = resolve_group(group)
+    if group is not None:
+        check_same_on_all_ranks("pairwise_cosine_stats", {
+            "A": tensor_digest(a), "B": tensor_digest(b), "shape_a": tuple(a.shape),
+            "shape_b": None if b is None else tuple(b.shape), "bins": bins, "range": (lo, hi),
+            "backend": name, "precision": precision, "zero_rows": zero_rows}, group)
     if name == "torch":
         raw = _pairwise_cosine_stats_torch(a, b, bins, lo, hi, progress)
     else:
@@ -348,7 +393,7 @@ def pairwise_cosine_stats(
             "cuda": _pairwise_cosine_stats_cuda,
             "triton": _pairwise_cosine_stats_triton,
         }[name]
-        raw = launcher(ka, inv_a, kb, inv_b, bins, lo, hi, PRECISIONS[precision], progress)
+        raw = launcher(ka, inv_a, kb, inv_b, bins, lo, hi, PRECISIONS[precision], progress, group)
     mean, std = _mean_std(raw["count"], raw["sum"], raw["sum_sq"])
     return CosineStats(
         count=raw["count"],

@@ -284,6 +284,7 @@ def sweep(
     resume: bool = True,
     progress: bool = True,
     on_cell: Optional[Callable[[dict], None]] = None,
+    group=None,
 ) -> List[dict]:
     """Runs ``optimize`` on every (k, d) of the grid (d outer, k inner) and rewrites `out` after
     each finished cell (JSON, or CSV when `out` ends in .csv), atomically.
@@ -295,6 +296,13 @@ def sweep(
     other settings is an error (use another file). Repeated values in ks or ds run once.
     `on_cell(record)` is called after each cell is written.
     Shows the cells done and an ETA. Returns the records in grid order.
+
+    Across ranks (a process group given as `group=`, or torchrun's default group): the cells left
+    to do are split by their cost (k²·d·steps), each rank runs its own and writes each finished
+    cell at once to its part file `out.partR` (R its rank); at the end rank 0 merges the part files
+    into `out` and removes them. A resume (with any number of ranks) reads `out` and every part
+    file, so a killed rank loses at most its cell in flight. Rank 0 shows the progress and ETA of
+    its own cells. Every rank returns the same records.
     """
     ks = list(dict.fromkeys(_check_int(k, "ks", 2) for k in ks))  # order kept, repeats dropped
     ds = list(dict.fromkeys(_check_int(d, "ds", 1) for d in ds))
@@ -306,9 +314,20 @@ def sweep(
     dtype = _dtype(dtype)
     want = {"steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""), "p": p, "lr": lr}
     out = os.fspath(out)
+    from .distributed import assign_units, check_same_on_all_ranks, rank_and_world, resolve_group, run_on_every_rank
+
+    group = resolve_group(group)
+    rank, world = (0, 1) if group is None else rank_and_world(group)
     existing = _read_cells(out)  # also when not resuming: never overwrite a foreign file
+    parts = _part_files(out)
     if not resume:
         existing = []
+        if group is None or rank == 0:
+            for path in parts:
+                os.remove(path)
+        parts = []
+    for path in parts:
+        existing += _read_cells(path)
     for cell in existing:
         if not _matches(cell, want):
             raise ValueError(
@@ -320,29 +339,81 @@ def sweep(
     done = {(c["k"], c["d"]): c for c in existing}
     grid = [(k, d) for d in ds for k in ks]
     todo = [cell for cell in grid if cell not in done]
+    if group is None and parts:  # a distributed sweep was cut short: its part files join `out` now
+        ordered = [done[c] for c in grid if c in done]
+        ordered += [c for key, c in done.items() if key not in set(grid)]
+        _write_cells(out, ordered)
+        for path in parts:
+            os.remove(path)
+    if group is not None:
+        check_same_on_all_ranks("sweep", {"grid": grid, "settings": want, "out": os.path.abspath(out),
+                                          "todo": todo}, group)
+        owner = assign_units([k * k * d * steps for k, d in todo], world)
+        todo = [cell for cell, o in zip(todo, owner) if o == rank]
     bar = None
-    if progress:
+    if progress and rank == 0:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(grid), initial=len(grid) - len(todo), desc="sweep", unit=" cell")
-    try:
-        for k, d in todo:
+        bar = tqdm(total=len(todo), desc="sweep" if group is None else f"sweep, rank 0 of {world}", unit=" cell")
+    mine = _read_cells(_part_file(out, rank)) if group is not None and resume else []
+
+    def run_mine():
+        try:
+            for k, d in todo:
+                if bar is not None:
+                    bar.set_postfix_str(f"k={k} d={d}")
+                result = optimize(k, d, steps=steps, p=p, lr=lr, seed=seed, device=device,
+                                  dtype=dtype, backend=backend, progress=False)
+                done[(k, d)] = _cell_record(result)
+                if group is None:
+                    ordered = [done[c] for c in grid if c in done]
+                    ordered += [c for key, c in done.items() if key not in set(grid)]  # cells of other grids
+                    _write_cells(out, ordered)
+                else:
+                    mine.append(done[(k, d)])
+                    _write_cells(_part_file(out, rank), mine)
+                if bar is not None:
+                    bar.update(1)
+                if on_cell is not None:
+                    on_cell(done[(k, d)])
+        finally:
             if bar is not None:
-                bar.set_postfix_str(f"k={k} d={d}")
-            result = optimize(k, d, steps=steps, p=p, lr=lr, seed=seed, device=device,
-                              dtype=dtype, backend=backend, progress=False)
-            done[(k, d)] = _cell_record(result)
-            ordered = [done[c] for c in grid if c in done]
-            ordered += [c for key, c in done.items() if key not in set(grid)]  # cells of other grids
-            _write_cells(out, ordered)
-            if bar is not None:
-                bar.update(1)
-            if on_cell is not None:
-                on_cell(done[(k, d)])
-    finally:
-        if bar is not None:
-            bar.close()
-    return [done[c] for c in grid]
+                bar.close()
+
+    if group is None:
+        run_mine()
+        return [done[c] for c in grid]
+
+    def run_mine_locally():
+        from .distributed import local
+
+        with local():  # each rank's cells are its own: no op inside may meet the other ranks
+            run_mine()
+
+    run_on_every_rank("sweep", run_mine_locally, group)  # every rank has finished (or all raise)
+    if rank == 0:  # merge the part files into out, then remove them
+        merged = {(c["k"], c["d"]): c for c in (existing if resume else [])}
+        for path in _part_files(out):
+            merged.update({(c["k"], c["d"]): c for c in _read_cells(path)})
+        ordered = [merged[c] for c in grid if c in merged]
+        ordered += [c for key, c in merged.items() if key not in set(grid)]
+        _write_cells(out, ordered)
+        for path in _part_files(out):
+            os.remove(path)
+    run_on_every_rank("sweep (merge)", lambda: None, group)
+    final = {(c["k"], c["d"]): c for c in _read_cells(out)}
+    return [final[c] for c in grid]
+
+
+def _part_file(out: str, rank: int) -> str:
+    return f"{out}.part{rank}"
+
+
+def _part_files(out: str) -> List[str]:
+    """The part files of a distributed sweep into `out`, from any earlier number of ranks."""
+    import glob
+
+    return sorted(p for p in glob.glob(glob.escape(out) + ".part*") if p[len(out) + 5 :].isdigit())
 
 
 def load_cells(path: str) -> List[dict]:

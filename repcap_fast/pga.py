@@ -579,6 +579,7 @@ def subspace_pga(
     batch: Optional[int] = None,
     backend: str = "auto",
     progress: Optional[bool] = None,
+    group=None,
     _nulls: Optional[torch.Tensor] = None,
 ) -> PGAResult:
     """Subspace PGA z-score of one layer's hidden states H (N×d) against W_U's readout subspace.
@@ -621,6 +622,10 @@ def subspace_pga(
             CCR in float64. The rank pass is shared host/device code
             (csrc/subspace_pga_epilogue.h).
         progress: a bar over the subspaces (default: on when N(N−1)/2·(n_null+1) ≥ 2e8).
+        group: a torch.distributed process group. When one is given, or the default group is
+            initialized with more than one rank (torchrun), the readout and null subspaces are split
+            across the ranks in contiguous blocks, which must all pass the same H, W_U and settings
+            (checked); every rank returns the single-process result (the same ρ's, bitwise).
 
     Returns a PGAResult (z, rho_readout, null_rhos, null_mean, null_std with ddof = 1, n_pairs).
     """
@@ -649,31 +654,52 @@ def subspace_pga(
     else:  # pga_profile's, drawn once with the same (d, k, n_null, seed)
         nulls = _nulls.to(x.device)
     n_pairs = N * (N - 1) // 2
+    from .distributed import check_same_on_all_ranks, contiguous_share, rank_and_world, resolve_group, tensor_digest
+
+    group = resolve_group(group)
+    all_bases = torch.cat([readout.to(x.device)[None], nulls])
+    mine = range(n_null + 1)
+    if group is not None:
+        check_same_on_all_ranks("subspace_pga", {
+            "H": tensor_digest(H), "readout": tensor_digest(readout), "nulls": tensor_digest(nulls), "k": k,
+            "n_null": int(n_null), "ccr": int(ccr), "seed": int(seed), "method": method, "backend": name}, group)
+        rank, world = rank_and_world(group)
+        mine = contiguous_share(n_null + 1, rank, world)
     show = progress if progress is not None else n_pairs * (n_null + 1) >= 2e8
+    show = show and (group is None or rank_and_world(group)[0] == 0)
     bar = None
     if show:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=n_null + 1, desc="subspace PGA", unit=" subspace", leave=False)
-    try:
+        bar = tqdm(total=len(mine), desc="subspace PGA", unit=" subspace", leave=False)
+
+    def rhos_of(bases):
+        if len(bases) == 0:
+            return []
         if method == "stream":
-            bases = torch.cat([readout.to(x.device)[None], nulls])
             xk = x.to(val.compute_dtype(H.dtype)).contiguous()
             size = _STREAM_BATCH if batch is None else _batch_size(batch, name, N, k, n_null + 1, xk.dtype, xk.device)
             _warn_tf32(xk)
-            rhos = _subspace_rhos_stream(xk, bases, size, progress=bar)
-            rho_readout, null_rhos = rhos[0], rhos[1:]
-        elif name in ("cpu", "cuda", "triton"):
-            bases = torch.cat([readout.to(x.device)[None], nulls])
+            return _subspace_rhos_stream(xk, bases, size, progress=bar)
+        if name in ("cpu", "cuda", "triton"):
             xk = x.to(val.compute_dtype(H.dtype)).contiguous()
             _warn_tf32(xk)
             size = _batch_size(batch, name, N, k, n_null + 1, xk.dtype, xk.device)
-            rhos = _subspace_rhos_kernel(name, xk, bases, size, bar)
+            return _subspace_rhos_kernel(name, xk, bases, size, bar)
+        d_full_ranks = average_ranks(_condensed_cosine_distances(x, "H"))
+        return _subspace_rhos_torch(x, d_full_ranks, bases, bar)
+
+    try:
+        if group is not None:
+            from .distributed import run_on_every_rank, sum_across_ranks
+
+            share = torch.zeros(n_null + 1, dtype=torch.float64)
+            got = run_on_every_rank("subspace_pga", lambda: rhos_of(all_bases[mine.start : mine.stop]), group)
+            share[mine.start : mine.stop] = torch.tensor(got, dtype=torch.float64)
+            rhos = sum_across_ranks([share], group, x.device)[0].tolist()
             rho_readout, null_rhos = rhos[0], rhos[1:]
         else:
-            d_full_ranks = average_ranks(_condensed_cosine_distances(x, "H"))
-            bases = torch.cat([readout.to(x.device)[None], nulls])
-            rhos = _subspace_rhos_torch(x, d_full_ranks, bases, bar)
+            rhos = rhos_of(all_bases)
             rho_readout, null_rhos = rhos[0], rhos[1:]
     finally:
         if bar is not None:
@@ -707,6 +733,7 @@ def pga_profile(
     method: str = "exact",
     backend: str = "auto",
     progress: bool = True,
+    group=None,
 ) -> Dict[int, List[PGAResult]]:
     """Subspace PGA of every layer, for each CCR variant: {ccr: [PGAResult per layer]}.
 
@@ -732,7 +759,7 @@ def pga_profile(
                 if int(H.shape[-1]) != d:
                     raise ValueError(f"hidden_states_by_layer[{i}] has d={H.shape[-1]}, layer 0 has d={d}")
                 res = subspace_pga(H, basis=readout, n_null=n_null, ccr=c, seed=seed, layout=layout,
-                                   method=method, backend=backend, progress=False, _nulls=nulls)
+                                   method=method, backend=backend, progress=False, group=group, _nulls=nulls)
                 res.settings["readout"] = "basis" if basis is not None else "W_U"
                 out[c].append(res)
                 if bar is not None:

@@ -1,0 +1,158 @@
+"""Running the ops across processes with torch.distributed (torchrun; NCCL on GPUs, gloo on CPUs).
+
+An op runs distributed when a process group is initialized (or one is passed as `group=`): every
+rank holds the same inputs, the op's fixed list of work units is split across ranks, each rank
+computes its own units, and the per-unit partials are summed across ranks. A unit's partial comes
+from exactly one rank and is zero elsewhere, so the sum is exact, and every rank then merges the
+units in the same fixed order as a single process does: the result is bitwise the single-process
+result. Progress is shown by rank 0 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+_LOCAL = contextvars.ContextVar("repcap_fast_local", default=False)
+
+
+@contextlib.contextmanager
+def local():
+    """Inside this block the ops run in this process alone, even under torchrun: for work that
+    differs from rank to rank (a sweep's cells), which must not meet the other ranks in a
+    collective. An explicit group= still distributes."""
+    token = _LOCAL.set(True)
+    try:
+        yield
+    finally:
+        _LOCAL.reset(token)
+
+
+def resolve_group(group=None):
+    """The process group to use: `group` if given, else the default group when torch.distributed is
+    initialized with more than one rank, else None (run in this process alone)."""
+    import torch.distributed as dist
+
+    if group is not None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("group= was given but torch.distributed is not initialized (call "
+                               "torch.distributed.init_process_group first, or run under torchrun)")
+        return group
+    if not _LOCAL.get() and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.group.WORLD
+    return None
+
+
+def rank_and_world(group) -> Tuple[int, int]:
+    import torch.distributed as dist
+
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def is_main(group=None) -> bool:
+    """True on rank 0 of the group, and when not distributed."""
+    group = resolve_group(group)
+    return group is None or rank_and_world(group)[0] == 0
+
+
+def tensor_digest(x: Optional[torch.Tensor]) -> Optional[str]:
+    """A short digest of a tensor's shape, dtype and bytes (to check that ranks hold the same input)."""
+    if x is None:
+        return None
+    h = hashlib.sha256(f"{tuple(x.shape)}|{x.dtype}".encode())
+    flat = x.detach().reshape(-1)
+    if flat.dtype == torch.bfloat16:
+        flat = flat.view(torch.int16)
+    step = max(1, (64 << 20) // max(1, flat.element_size()))  # 64 MiB at a time: no full copy
+    for start in range(0, flat.numel(), step):
+        h.update(flat[start : start + step].cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_same_on_all_ranks(op: str, signature: Dict[str, Any], group) -> None:
+    """Raises the same ValueError on every rank when the ranks' signatures differ (shapes, seeds,
+    settings, input digests), naming each field that differs and its value per rank."""
+    import torch.distributed as dist
+
+    _, world = rank_and_world(group)
+    gathered: List[Optional[Dict[str, Any]]] = [None] * world
+    dist.all_gather_object(gathered, signature, group=group)
+    diffs = [f"{key}: " + ", ".join(f"rank {r} {sig.get(key)!r}" for r, sig in enumerate(gathered))
+             for key in signature if any(sig.get(key) != gathered[0].get(key) for sig in gathered)]
+    if diffs:
+        raise ValueError(f"{op}: the ranks were given different inputs or settings; every rank must pass the "
+                         f"same ones ({'; '.join(diffs)})")
+
+
+def assign_units(weights: Sequence[int], world: int) -> List[int]:
+    """The rank of each work unit: largest units first, each to the least-loaded rank (ties to the
+    lower rank), so the loads are balanced and the assignment is the same on every rank."""
+    load = [0] * world
+    owner = [0] * len(weights)
+    for unit in sorted(range(len(weights)), key=lambda u: (-weights[u], u)):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        owner[unit] = rank
+        load[rank] += weights[unit]
+    return owner
+
+
+def sum_across_ranks(tensors: Sequence[torch.Tensor], group, device: torch.device) -> List[torch.Tensor]:
+    """all_reduce(SUM) of each tensor (moved to `device` for NCCL, which reduces GPU tensors only);
+    returns CPU tensors."""
+    import torch.distributed as dist
+
+    on_gpu = dist.get_backend(group) == "nccl"
+    out = []
+    for t in tensors:
+        t = t.to(device) if on_gpu else t.cpu()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+        out.append(t.cpu())
+    return out
+
+
+def run_on_every_rank(op: str, fn, group):
+    """fn() on this rank; then every rank learns whether any rank failed, and all raise the same
+    RuntimeError naming the rank and its error (a failure on one rank never leaves the others
+    waiting in a collective)."""
+    import torch.distributed as dist
+
+    rank, world = rank_and_world(group)
+    try:
+        result, status = fn(), None
+    except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+        result, status = None, f"{type(exc).__name__}: {exc}"
+    statuses: List[Optional[str]] = [None] * world
+    dist.all_gather_object(statuses, status, group=group)
+    failed = [(r, s) for r, s in enumerate(statuses) if s is not None]
+    if failed:
+        first_rank, first = failed[0]
+        raise RuntimeError(f"{op} failed on rank {first_rank} of {world}: {first}"
+                           + (f" (and on ranks {[r for r, _ in failed[1:]]})" if len(failed) > 1 else ""))
+    return result
+
+
+def contiguous_share(n: int, rank: int, world: int) -> range:
+    """Rank `rank`'s block of n equal work units (blocks differ in size by at most one)."""
+    return range(rank * n // world, (rank + 1) * n // world)
+
+
+def init_from_torchrun(device: str = "cpu") -> bool:
+    """Under torchrun (WORLD_SIZE > 1 in the environment), initializes the default process group:
+    NCCL for a CUDA device (each rank on cuda:LOCAL_RANK), gloo otherwise. Returns whether it did.
+    Multi-node runs work the same way: torchrun --nnodes N --node-rank R --rdzv-endpoint HOST:PORT."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return False
+    if str(device).startswith("cuda"):
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("gloo")
+    return True

@@ -1,0 +1,230 @@
+"""torch.distributed: the ops split across ranks (gloo, spawned from the tests, on CPU) give the
+single-process result bitwise: pairwise cosine statistics (self pairs, A×B, more ranks than jobs)
+and subspace PGA (the null subspaces split; exact, stream and torch); mismatched inputs or seeds
+across ranks are reported on every rank."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import repcap_fast as rf
+from repcap_fast import cosine_stats
+from repcap_fast.distributed import assign_units, resolve_group, tensor_digest
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+SMALL_JOBS = {"cpu": 64, "cuda": 64}  # many jobs from small inputs: the split is exercised
+SWEEP_KS, SWEEP_DS = [12, 20, 28, 36], [3, 5]
+
+
+def _matrix(rows, d, seed):
+    return torch.randn(rows, d, generator=torch.Generator().manual_seed(seed)) + 0.1
+
+
+def _stats_fields(s):
+    return {"count": s.count, "sum": s.sum, "sum_sq": s.sum_sq, "min": s.min, "max": s.max, "below": s.below,
+            "above": s.above, "hist": s.hist.clone(), "mean": s.mean, "std": s.std}
+
+
+def _case(name, rank):
+    if name == "self":
+        return _stats_fields(rf.pairwise_cosine_stats(_matrix(1001, 24, 0), bins=257, backend="cpu", progress=False))
+    if name == "rect":
+        return _stats_fields(rf.pairwise_cosine_stats(_matrix(333, 24, 1), _matrix(517, 24, 2), bins=100,
+                                                      range=(-0.5, 0.6), backend="cpu", progress=False))
+    if name == "tiny":  # one job, more ranks than jobs
+        return _stats_fields(rf.pairwise_cosine_stats(_matrix(10, 4, 3), backend="cpu", progress=False))
+    if name == "mismatch_shape":
+        return _stats_fields(rf.pairwise_cosine_stats(_matrix(100 + rank, 8, 4), backend="cpu", progress=False))
+    if name == "mismatch_values":
+        return _stats_fields(rf.pairwise_cosine_stats(_matrix(100, 8, 5 + rank), backend="cpu", progress=False))
+    if name.startswith("pga"):  # pga, pga_stream, pga_torch, pga_mismatch_seed, pga_fail
+        from repcap_fast import pga
+
+        if name == "pga_fail" and rank == 1:
+            def broken(*args, **kwargs):
+                raise MemoryError("simulated out-of-memory on this rank")
+
+            pga._subspace_rhos_kernel = broken
+
+        g = torch.Generator().manual_seed(7)
+        h = torch.randn(150, 16, generator=g, dtype=torch.float64) @ torch.randn(16, 16, generator=g, dtype=torch.float64)
+        w = torch.randn(40, 16, generator=g, dtype=torch.float64)
+        method = "stream" if name == "pga_stream" else "exact"
+        backend = "torch" if name == "pga_torch" else ("auto" if method == "stream" else "cpu")
+        seed = rank if name == "pga_mismatch_seed" else 3
+        r = pga.subspace_pga(h.float(), w, k=4, n_null=10, ccr=1, seed=seed, method=method, backend=backend,
+                             batch=3, progress=False)
+        return {"z": r.z, "rho_readout": r.rho_readout, "null_rhos": r.null_rhos, "null_std": r.null_std}
+    if name.startswith("sweep"):  # sweep, sweep_kill (rank 1 dies after its first cell)
+        from repcap_fast import packing
+
+        out = os.environ["REPCAP_TEST_SWEEP_OUT"]
+        done = []
+
+        def on_cell(cell):
+            done.append([cell["k"], cell["d"]])
+            if name == "sweep_kill" and rank == 1:
+                os._exit(17)  # a killed rank: no cleanup, no message
+
+        cells = packing.sweep(SWEEP_KS, SWEEP_DS, out, steps=25, progress=False, on_cell=on_cell)
+        return {"cells": cells, "ran": done}
+    if name == "local":  # rank-dependent work inside distributed.local(): no collective, no mismatch error
+        from repcap_fast.distributed import local
+
+        with local():
+            return _stats_fields(rf.pairwise_cosine_stats(_matrix(50 + rank, 8, 8), backend="cpu", progress=False))
+    if name == "epsilon":
+        return {"eps": rf.epsilon(_matrix(700, 16, 6), method="stream", backend="cpu", progress=False)}
+    raise KeyError(name)
+
+
+def _worker(rank, world, store, name, out_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        cosine_stats._JOB_ROWS = SMALL_JOBS
+        result = _case(name, rank)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        dist.destroy_process_group()
+    torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+
+
+def run_distributed(name, world, tmp_path):
+    import tempfile
+
+    out = tempfile.mkdtemp(prefix=f"{name}_{world}_", dir=tmp_path)  # a fresh store and results per run
+    mp.spawn(_worker, args=(world, os.path.join(out, "store"), name, out), nprocs=world, join=True)
+    return [torch.load(os.path.join(out, f"{r}.pt")) for r in range(world)]
+
+
+def assert_same(got, want):
+    assert set(got) == set(want)
+    for key, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(got[key], value), key
+        else:
+            assert got[key] == value, (key, got[key], value)  # bitwise: == on floats
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("name", ["self", "rect", "tiny", "epsilon", "pga", "pga_stream", "pga_torch"])
+def test_split_across_ranks_is_bitwise_the_single_process_result(name, world, tmp_path, monkeypatch):
+    monkeypatch.setattr(cosine_stats, "_JOB_ROWS", SMALL_JOBS)
+    want = _case(name, 0)
+    results = run_distributed(name, world, tmp_path)
+    for rank, got in enumerate(results):
+        assert "error" not in got, (rank, got)
+        assert_same(got, want)
+
+
+@pytest.mark.parametrize("name,field", [("mismatch_shape", "shape_a"), ("mismatch_values", "A"),
+                                        ("pga_mismatch_seed", "seed")])
+def test_ranks_with_different_inputs_all_get_the_error(name, field, tmp_path):
+    results = run_distributed(name, 2, tmp_path)
+    for got in results:
+        assert "error" in got and got["error"].startswith("ValueError")
+        assert "different inputs" in got["error"] and f"{field}: rank 0" in got["error"]
+
+
+def test_assign_units_balances_and_is_deterministic():
+    weights = [10, 1, 7, 7, 3, 0, 5]
+    owner = assign_units(weights, 3)
+    loads = [sum(w for w, o in zip(weights, owner) if o == r) for r in range(3)]
+    # largest first to the least loaded: no rank is more than one unit's weight above another
+    assert sum(loads) == 33 and max(loads) - min(loads) <= max(weights) and max(loads) <= 12
+    assert owner == assign_units(weights, 3)
+    assert assign_units([4, 2], 5) in ([0, 1], [1, 0])  # more ranks than units: the rest idle
+    assert assign_units([], 2) == []
+
+
+def test_not_distributed_by_default_and_digest():
+    assert resolve_group(None) is None
+    with pytest.raises(RuntimeError, match="not initialized"):
+        resolve_group(object())
+    a = torch.randn(5, 3)
+    assert tensor_digest(a) == tensor_digest(a.clone()) != tensor_digest(a + 1e-7)
+    assert tensor_digest(a.bfloat16()) != tensor_digest(a)
+
+
+def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path):
+    results = run_distributed("pga_fail", 2, tmp_path)
+    for got in results:
+        assert got["error"].startswith("RuntimeError: subspace_pga failed on rank 1 of 2: MemoryError: simulated")
+
+
+def test_torchrun_epsilon_prints_once_and_matches_one_process(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    src = tmp_path / "e.npy"
+    np.save(src, np.random.default_rng(0).standard_normal((9000, 16)).astype(np.float32))  # 2 CPU jobs
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "repcap_fast.cli", "epsilon", str(src), "--json", str(tmp_path / "two.json"),
+                          "--no-progress"], capture_output=True, text=True, env=env, timeout=300)
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout.count("epsilon     ε") == 1  # rank 0 alone prints
+    one = subprocess.run([sys.executable, "-m", "repcap_fast.cli", "epsilon", str(src), "--json",
+                          str(tmp_path / "one.json"), "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert a["stream"] == b["stream"]
+
+
+def test_commands_that_do_not_run_across_ranks_say_so(monkeypatch, capsys):
+    from repcap_fast.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["pack", "--k", "10", "--d", "4", "--steps", "1"]) == 2
+    assert "does not run across ranks yet" in capsys.readouterr().err
+
+
+def test_sweep_across_ranks_writes_the_single_process_file(tmp_path, monkeypatch):
+    from repcap_fast import packing
+
+    single = tmp_path / "single.json"
+    packing.sweep(SWEEP_KS, SWEEP_DS, str(single), steps=25, progress=False)
+    monkeypatch.setenv("REPCAP_TEST_SWEEP_OUT", str(tmp_path / "three.json"))
+    results = run_distributed("sweep", 3, tmp_path)
+    assert (tmp_path / "three.json").read_text() == single.read_text()
+    assert sorted(tuple(c) for r in results for c in r["ran"]) == sorted((k, d) for k in SWEEP_KS for d in SWEEP_DS)
+    assert all(r["cells"] == results[0]["cells"] for r in results)
+    assert not list(tmp_path.glob("three.json.part*"))
+
+
+def test_killed_rank_then_resume_loses_no_finished_cell(tmp_path, monkeypatch):
+    from repcap_fast import packing
+
+    single = tmp_path / "single.json"
+    packing.sweep(SWEEP_KS, SWEEP_DS, str(single), steps=25, progress=False)
+    out = tmp_path / "two.json"
+    monkeypatch.setenv("REPCAP_TEST_SWEEP_OUT", str(out))
+    with pytest.raises(Exception):  # rank 1 exits after its first cell; spawn stops rank 0 too
+        run_distributed("sweep_kill", 2, tmp_path)
+    finished = [c for p in tmp_path.glob("two.json.part*") for c in packing.load_cells(str(p))]
+    assert finished  # at least rank 1's first cell was written before it died
+    resumed = run_distributed("sweep", 2, tmp_path)
+    ran = {tuple(c) for r in resumed for c in r["ran"]}
+    assert not ran & {(c["k"], c["d"]) for c in finished}  # no finished cell ran again
+    assert out.read_text() == single.read_text() and not list(tmp_path.glob("two.json.part*"))
+    # a single process also picks up part files left by a cut-short distributed sweep
+    monkeypatch.setenv("REPCAP_TEST_SWEEP_OUT", str(tmp_path / "mixed.json"))
+    with pytest.raises(Exception):
+        run_distributed("sweep_kill", 2, tmp_path)
+    packing.sweep(SWEEP_KS, SWEEP_DS, str(tmp_path / "mixed.json"), steps=25, progress=False)
+    assert (tmp_path / "mixed.json").read_text() == single.read_text() and not list(tmp_path.glob("mixed.json.part*"))
+
+
+def test_local_block_runs_each_rank_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(cosine_stats, "_JOB_ROWS", SMALL_JOBS)
+    results = run_distributed("local", 2, tmp_path)
+    for rank, got in enumerate(results):
+        assert "error" not in got and got["count"] == (50 + rank) * (49 + rank) // 2
