@@ -43,6 +43,17 @@ void check_penalty_inputs(const at::Tensor& x, int64_t p) {
   TORCH_CHECK(p >= 1 && p <= (int64_t{1} << 30), "gram_offdiag_penalty: p must be in [1, 2^30], got ", p);
 }
 
+void check_rows_inputs(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p) {
+  check_penalty_inputs(x, p);
+  TORCH_CHECK(q.dim() == 2 && q.size(1) == x.size(1) && q.size(0) >= 1,
+              "gram_offdiag_penalty_rows: q must be m x d with m >= 1 and x's d = ", x.size(1));
+  TORCH_CHECK(q.scalar_type() == x.scalar_type() && q.device() == x.device(),
+              "gram_offdiag_penalty_rows: q and x must share dtype and device");
+  TORCH_CHECK(row_offset >= 0 && row_offset + q.size(0) <= x.size(0),
+              "gram_offdiag_penalty_rows: rows [row_offset, row_offset + m) must lie in x's ", x.size(0),
+              " rows, got row_offset ", row_offset, " and m ", q.size(0));
+}
+
 PenaltyTuple make_penalty_outputs(const at::Tensor& x, bool with_grad) {
   const int64_t k = x.size(0), d = x.size(1);
   return {at::zeros({k}, x.options()), at::zeros({k}, x.options().dtype(at::kDouble)),
@@ -53,16 +64,19 @@ PenaltyTuple make_penalty_outputs(const at::Tensor& x, bool with_grad) {
 // each 512-column tile: G = X_I X_Jᵀ (single-threaded BLAS), the row epilogue (running maximum,
 // s_i, weights W in place of G), then acc_I ← diag(beta)·acc_I + W X_J (BLAS), acc_I being the
 // block's rows of grad_dir. Extra memory: one 256 x 512 tile per thread.
+// Rows q (m x d) against all rows x (k x d); q's row r is x's row row_offset + r, whose own Gram
+// entry is skipped (the square op is q = x, row_offset = 0).
 template <typename T>
-void gram_offdiag_penalty_cpu_impl(const at::Tensor& x, int32_t p, bool with_grad,
-                                   PenaltyTuple& out) {
+void gram_offdiag_penalty_cpu_impl(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int32_t p,
+                                   bool with_grad, PenaltyTuple& out) {
   constexpr int64_t kTileRows = 256;
   constexpr int64_t kTileCols = 512;
+  const int64_t m = q.size(0);
   const int64_t k = x.size(0);
   T* row_max = std::get<0>(out).data_ptr<T>();
   double* row_sum = std::get<1>(out).data_ptr<double>();
   at::Tensor& grad_dir = std::get<2>(out);
-  const int64_t row_blocks = (k + kTileRows - 1) / kTileRows;
+  const int64_t row_blocks = (m + kTileRows - 1) / kTileRows;
   const int threads = static_cast<int>(
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), row_blocks)));
   struct ThreadState {
@@ -78,8 +92,8 @@ void gram_offdiag_penalty_cpu_impl(const at::Tensor& x, int32_t p, bool with_gra
       },
       [&](int, int64_t rb, ThreadState& state) {
         const int64_t row0 = rb * kTileRows;
-        const int64_t rows = std::min(kTileRows, k - row0);
-        const at::Tensor x_rows = x.narrow(0, row0, rows);
+        const int64_t rows = std::min(kTileRows, m - row0);
+        const at::Tensor x_rows = q.narrow(0, row0, rows);
         at::Tensor acc = with_grad ? grad_dir.narrow(0, row0, rows) : at::Tensor();
         std::vector<T>& betas = state.betas;
         for (int64_t col0 = 0; col0 < k; col0 += kTileCols) {
@@ -90,7 +104,7 @@ void gram_offdiag_penalty_cpu_impl(const at::Tensor& x, int32_t p, bool with_gra
           T* g_ptr = g.data_ptr<T>();
           bool rescale = false;
           for (int64_t r = 0; r < rows; ++r) {
-            betas[r] = repcap::cpu::penalty_row_update<T>(g_ptr + r * cols, cols, row0 + r - col0,
+            betas[r] = repcap::cpu::penalty_row_update<T>(g_ptr + r * cols, cols, row_offset + row0 + r - col0,
                                                           p, row_max + row0 + r,
                                                           row_sum + row0 + r, with_grad);
             rescale = rescale || betas[r] != T(1);
@@ -118,7 +132,20 @@ PenaltyTuple gram_offdiag_penalty_cpu(const at::Tensor& x, int64_t p, bool with_
   const at::Tensor xc = x.detach().contiguous();  // values only: this op has no autograd formula
   PenaltyTuple out = make_penalty_outputs(xc, with_grad);
   AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_cpu", [&] {
-    gram_offdiag_penalty_cpu_impl<scalar_t>(xc, static_cast<int32_t>(p), with_grad, out);
+    gram_offdiag_penalty_cpu_impl<scalar_t>(xc, xc, 0, static_cast<int32_t>(p), with_grad, out);
+  });
+  return out;
+}
+
+PenaltyTuple gram_offdiag_penalty_rows_cpu(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p,
+                                           bool with_grad) {
+  check_rows_inputs(q, x, row_offset, p);
+  TORCH_CHECK(x.device().is_cpu(), "gram_offdiag_penalty_rows (cpu): x must be a CPU tensor");
+  const at::Tensor qc = q.detach().contiguous();
+  const at::Tensor xc = x.detach().contiguous();
+  PenaltyTuple out = make_penalty_outputs(qc, with_grad);
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_rows_cpu", [&] {
+    gram_offdiag_penalty_cpu_impl<scalar_t>(qc, xc, row_offset, static_cast<int32_t>(p), with_grad, out);
   });
   return out;
 }
@@ -131,19 +158,20 @@ PenaltyTuple gram_offdiag_penalty_cpu(const at::Tensor& x, int64_t p, bool with_
 constexpr int64_t kCudaPanel = 8192;
 
 template <typename T>
-void gram_offdiag_penalty_cuda_impl(const at::Tensor& x, int32_t p, bool with_grad,
-                                    PenaltyTuple& out) {
+void gram_offdiag_penalty_cuda_impl(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int32_t p,
+                                    bool with_grad, PenaltyTuple& out) {
+  const int64_t m = q.size(0);
   const int64_t k = x.size(0);
-  const int64_t panel = std::min(k, kCudaPanel);
+  const int64_t panel = std::min(std::max(m, k), kCudaPanel);
   at::Tensor scratch = at::empty({panel * panel}, x.options());
   at::Tensor beta = at::empty({panel}, x.options());
   at::Tensor& row_max = std::get<0>(out);
   at::Tensor& row_sum = std::get<1>(out);
   at::Tensor& grad_dir = std::get<2>(out);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-  for (int64_t row0 = 0; row0 < k; row0 += panel) {
-    const int64_t rows = std::min(panel, k - row0);
-    const at::Tensor x_rows = x.narrow(0, row0, rows);
+  for (int64_t row0 = 0; row0 < m; row0 += panel) {
+    const int64_t rows = std::min(panel, m - row0);
+    const at::Tensor x_rows = q.narrow(0, row0, rows);
     at::Tensor acc = with_grad ? grad_dir.narrow(0, row0, rows) : at::Tensor();
     at::Tensor beta_rows = beta.narrow(0, 0, rows);
     for (int64_t col0 = 0; col0 < k; col0 += panel) {
@@ -152,7 +180,7 @@ void gram_offdiag_penalty_cuda_impl(const at::Tensor& x, int32_t p, bool with_gr
       at::Tensor g = scratch.narrow(0, 0, rows * cols).view({rows, cols});
       at::mm_out(g, x_rows, x_cols.t());
       const char* err = repcap::cuda::gram_offdiag_penalty_rows_cuda(
-          g.data_ptr<T>(), cols, rows, cols, row0, col0, p, row_max.data_ptr<T>() + row0,
+          g.data_ptr<T>(), cols, rows, cols, row_offset + row0, col0, p, row_max.data_ptr<T>() + row0,
           row_sum.data_ptr<double>() + row0, beta_rows.data_ptr<T>(), with_grad, stream);
       TORCH_CHECK(err == nullptr, "gram_offdiag_penalty (cuda): ", err ? err : "");
       if (!with_grad) continue;
@@ -169,7 +197,21 @@ PenaltyTuple gram_offdiag_penalty_cuda(const at::Tensor& x, int64_t p, bool with
   const at::Tensor xc = x.detach().contiguous();  // values only: this op has no autograd formula
   PenaltyTuple out = make_penalty_outputs(xc, with_grad);
   AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_cuda", [&] {
-    gram_offdiag_penalty_cuda_impl<scalar_t>(xc, static_cast<int32_t>(p), with_grad, out);
+    gram_offdiag_penalty_cuda_impl<scalar_t>(xc, xc, 0, static_cast<int32_t>(p), with_grad, out);
+  });
+  return out;
+}
+
+PenaltyTuple gram_offdiag_penalty_rows_cuda(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p,
+                                            bool with_grad) {
+  check_rows_inputs(q, x, row_offset, p);
+  TORCH_CHECK(x.is_cuda(), "gram_offdiag_penalty_rows (cuda): x must be a CUDA tensor");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor qc = q.detach().contiguous();
+  const at::Tensor xc = x.detach().contiguous();
+  PenaltyTuple out = make_penalty_outputs(qc, with_grad);
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_rows_cuda", [&] {
+    gram_offdiag_penalty_cuda_impl<scalar_t>(qc, xc, row_offset, static_cast<int32_t>(p), with_grad, out);
   });
   return out;
 }
@@ -179,14 +221,17 @@ PenaltyTuple gram_offdiag_penalty_cuda(const at::Tensor& x, int64_t p, bool with
 
 TORCH_LIBRARY_FRAGMENT(repcap_fast, m) {
   m.def("gram_offdiag_penalty(Tensor x, int p, bool with_grad) -> (Tensor, Tensor, Tensor)");
+  m.def("gram_offdiag_penalty_rows(Tensor q, Tensor x, int row_offset, int p, bool with_grad) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(repcap_fast, CPU, m) {
   m.impl("gram_offdiag_penalty", &gram_offdiag_penalty_cpu);
+  m.impl("gram_offdiag_penalty_rows", &gram_offdiag_penalty_rows_cpu);
 }
 
 #ifdef REPCAP_WITH_CUDA
 TORCH_LIBRARY_IMPL(repcap_fast, CUDA, m) {
   m.impl("gram_offdiag_penalty", &gram_offdiag_penalty_cuda);
+  m.impl("gram_offdiag_penalty_rows", &gram_offdiag_penalty_rows_cuda);
 }
 #endif

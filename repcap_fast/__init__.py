@@ -19,6 +19,7 @@ from .cosine_stats import (  # noqa: E402
     cosine_moments,
     epsilon,
     pairwise_cosine_stats,
+    pairwise_cosine_stats_sharded,
 )
 
 __all__ = [
@@ -37,4 +38,5 @@ __all__ = [
     "pga",
     "report",
     "pairwise_cosine_stats",
+    "pairwise_cosine_stats_sharded",
 ]

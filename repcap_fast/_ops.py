@@ -27,6 +27,15 @@ if _C is not None:
             x.new_empty((k, d)) if with_grad else x.new_empty(0),
         )
 
+    @torch.library.register_fake("repcap_fast::gram_offdiag_penalty_rows")
+    def _gram_offdiag_penalty_rows_fake(q, x, row_offset, p, with_grad):
+        m, d = q.shape
+        return (
+            q.new_empty(m),
+            q.new_empty(m, dtype=torch.float64),
+            q.new_empty((m, d)) if with_grad else q.new_empty(0),
+        )
+
     @torch.library.register_fake("repcap_fast::subspace_pga_ranks")
     def _subspace_pga_ranks_fake(x):
         n = x.shape[0]

@@ -391,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_DISTRIBUTED_COMMANDS = ("epsilon", "sweep")
+_DISTRIBUTED_COMMANDS = ("epsilon", "pack", "sweep")
 
 
 def main(argv=None) -> int:

@@ -9,6 +9,7 @@ Layers: pairwise_cosine_stats → _dispatch → _pairwise_cosine_stats_{cpu,cuda
 from __future__ import annotations
 
 import math
+from builtins import range as _builtin_range  # the public functions take an argument named range
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Tuple
 
@@ -372,15 +373,14 @@ def pairwise_cosine_stats(
         raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
     A = val.as_matrix(A, "A")  # once: a non-contiguous numpy array is copied here
     name = resolve_backend(backend, A.device, "pairwise_cosine_stats")
-    a, norms_a, dropped_a, b, norms_b, dropped_b = _prepare(A, B, zero_rows, n_rows)
-    from .distributed import check_same_on_all_ranks, resolve_group, tensor_digest
+    from .distributed import prepare_on_every_rank, resolve_group, tensor_digest
 
     group = resolve_group(group)
-    if group is not None:
-        check_same_on_all_ranks("pairwise_cosine_stats", {
-            "A": tensor_digest(a), "B": tensor_digest(b), "shape_a": tuple(a.shape),
-            "shape_b": None if b is None else tuple(b.shape), "bins": bins, "range": (lo, hi),
-            "backend": name, "precision": precision, "zero_rows": zero_rows}, group)
+    a, norms_a, dropped_a, b, norms_b, dropped_b = prepare_on_every_rank(
+        "pairwise_cosine_stats", lambda: _prepare(A, B, zero_rows, n_rows),
+        lambda prep: {"A": tensor_digest(prep[0]), "B": tensor_digest(prep[3]), "shape_a": tuple(prep[0].shape),
+                      "shape_b": None if prep[3] is None else tuple(prep[3].shape), "bins": bins, "range": (lo, hi),
+                      "backend": name, "precision": precision, "zero_rows": zero_rows}, group)
     if name == "torch":
         raw = _pairwise_cosine_stats_torch(a, b, bins, lo, hi, progress)
     else:
@@ -441,3 +441,105 @@ def epsilon(A, B=None, *, method: str = "gram", k_sigma: float = 2.0, **kwargs) 
     if method == "stream":
         return pairwise_cosine_stats(A, B, **kwargs).epsilon(k_sigma)
     raise ValueError(f"method must be 'gram' or 'stream', got {method!r}")
+
+
+def pairwise_cosine_stats_sharded(
+    A_local,
+    *,
+    group=None,
+    bins: int = 4096,
+    range: Sequence[float] = (-1.0, 1.0),
+    zero_rows: str = "error",
+    backend: str = "auto",
+    precision: str = "highest",
+    progress: Optional[bool] = None,
+) -> CosineStats:
+    """`pairwise_cosine_stats` of a matrix whose rows are spread over the ranks: rank r passes its
+    own block A_r, and the full matrix is the blocks stacked in rank order. No rank holds more
+    than its block and one other at a time.
+
+    Each rank computes its block's own pairs; the cross pairs A_r × A_s (r < s) follow a ring: in
+    round t = 1 … ⌊W/2⌋ rank r receives block (r+t) mod W and computes A_r × A_(r+t) (at t = W/2
+    for even W only the lower half of the ranks, so no pair is counted twice). The pieces'
+    partials are merged in one fixed order on every rank, so every rank returns the same result.
+    Counts equal the single-process count. The tiles differ from one process's, so a pair's
+    float32 dot product may differ in its last bits: μ and σ agree with the single-process values
+    to about 1e-11 (5e-12 in μ at V = 1001, d = 24), min and max to float32 rounding, and a pair
+    within rounding of a bin edge may fall in the neighbouring bin.
+    """
+    import torch.distributed as dist
+
+    from .distributed import local, rank_and_world, resolve_group, run_on_every_rank
+
+    group = resolve_group(group)
+    if group is None:
+        return pairwise_cosine_stats(A_local, bins=bins, range=range, zero_rows=zero_rows, backend=backend,
+                                     precision=precision, progress=progress)
+    bins, lo, hi = val.check_histogram(bins, range)
+    rank, world = rank_and_world(group)
+    try:
+        A, failure = val.as_matrix(A_local, "A_local"), None
+    except Exception as exc:  # noqa: BLE001 - reported on every rank
+        A, failure = None, f"{type(exc).__name__}: {exc}"
+    shapes = [None] * world
+    dist.all_gather_object(shapes, (None, None, failure) if failure else (tuple(A.shape), str(A.dtype), None),
+                           group=group)
+    failed = [(r, s[2]) for r, s in enumerate(shapes) if s[2]]
+    if failed:
+        raise ValueError(f"pairwise_cosine_stats_sharded: rank {failed[0][0]}'s block is invalid: {failed[0][1]}")
+    on_gpu = dist.get_backend(group) == "nccl"
+    comm = A.device if on_gpu else torch.device("cpu")
+    if len({s[0][1] for s in shapes}) != 1 or len({s[1] for s in shapes}) != 1:
+        raise ValueError(f"pairwise_cosine_stats_sharded: every rank's block must have the same d and dtype, got "
+                         f"{', '.join(f'rank {r} {s[0]} {s[1]}' for r, s in enumerate(shapes))}")
+    kw = dict(bins=bins, range=(lo, hi), zero_rows=zero_rows, backend=backend, precision=precision,
+              progress=progress if rank == 0 else False)
+    pieces = []  # (round, rank, stats)
+
+    def stats_of(a, b=None):
+        with local():
+            return pairwise_cosine_stats(a, b, **kw) if (b is not None or a.shape[0] >= 2) else None
+
+    own = run_on_every_rank("pairwise_cosine_stats_sharded", lambda: stats_of(A), group)
+    if own is not None:
+        pieces.append((0, rank, own))
+    for t in _builtin_range(1, world // 2 + 1):
+        src, dst = (rank + t) % world, (rank - t) % world
+        other = torch.empty(shapes[src][0], dtype=A.dtype, device=comm)
+        sends = [dist.P2POp(dist.isend, A.to(comm).contiguous(), dst, group=group),
+                 dist.P2POp(dist.irecv, other, src, group=group)]
+        for req in dist.batch_isend_irecv(sends):
+            req.wait()
+        compute = not (world % 2 == 0 and t == world // 2 and rank >= world // 2)
+        if compute and A.shape[0] and other.shape[0]:
+            piece = run_on_every_rank("pairwise_cosine_stats_sharded", lambda: stats_of(A, other.to(A.device)), group)
+            pieces.append((t, rank, piece))
+        else:
+            run_on_every_rank("pairwise_cosine_stats_sharded", lambda: None, group)
+    gathered = [None] * world
+    mine = [(t, r, s.count, s.sum, s.sum_sq, s.min, s.max, s.below, s.above, s.hist.tolist(), s.dropped_rows_a)
+            for t, r, s in pieces]
+    dist.all_gather_object(gathered, mine, group=group)
+    parts = sorted((p for ps in gathered for p in ps), key=lambda p: (p[0], p[1]))
+    count = below = above = 0
+    total = total_sq = 0.0
+    cmin, cmax = math.inf, -math.inf
+    hist = torch.zeros(bins, dtype=torch.int64)
+    for _, _, c, s1, s2, mn, mx, bl, ab, h, _ in parts:
+        count += c
+        total += s1
+        total_sq += s2
+        cmin, cmax = min(cmin, mn), max(cmax, mx)
+        below += bl
+        above += ab
+        hist += torch.tensor(h, dtype=torch.int64)
+    rows = sum(s[0][0] for s in shapes)
+    dropped = sum(p[10] for p in parts if p[0] == 0)
+    backend_used = pieces[0][2].backend if pieces else resolve_backend(backend, A.device, "pairwise_cosine_stats")
+    mean, std = _mean_std(count, total, total_sq)
+    return CosineStats(count=count, mean=mean, std=std, min=float(cmin), max=float(cmax), hist=hist,
+                       edges=torch.linspace(lo, hi, bins + 1, dtype=torch.float64), below=below, above=above,
+                       sum=total, sum_sq=total_sq, backend=backend_used,
+                       shape_a=(rows - dropped, shapes[0][0][1]), dropped_rows_a=dropped,
+                       settings={"bins": bins, "range": [lo, hi], "zero_rows": zero_rows, "precision": precision,
+                                 "sharded": f"{world} ranks, ring of row blocks"})

@@ -156,3 +156,20 @@ def init_from_torchrun(device: str = "cpu") -> bool:
     else:
         dist.init_process_group("gloo")
     return True
+
+
+def prepare_on_every_rank(op: str, prepare, signature, group):
+    """prepare() (validation and setup before an op's first collective), then the ranks compare
+    signature(prepared) (shapes, digests, settings): a rank whose input fails validation, or
+    differs from the others, makes every rank raise the same error instead of leaving the others
+    waiting in a collective. Without a group, prepare() alone. Returns prepare()'s value."""
+    if group is None:
+        return prepare()
+    try:
+        prepared, failure = prepare(), None
+    except Exception as exc:  # noqa: BLE001 - reported on every rank below
+        prepared, failure = None, f"{type(exc).__name__}: {exc}"
+    check_same_on_all_ranks(op, {"error": failure, **({} if failure else signature(prepared))}, group)
+    if failure is not None:  # the same error on every rank
+        raise ValueError(f"{op}: {failure}")
+    return prepared

@@ -129,6 +129,7 @@ def optimize(
     dtype=torch.float32,
     backend: str = "auto",
     progress: Optional[bool] = None,
+    group=None,
 ) -> PackingResult:
     """Packs k unit vectors in R^d by minimizing Σ_{i≠j}|ĝ_ij|^p with Adam (the paper's setup).
 
@@ -143,6 +144,13 @@ def optimize(
     is the loss evaluated by step s, before its update) and the backend that ran.
     (The paper's script reads ε* in the forward pass of its last step, i.e. after steps − 1
     updates; here it is read after all `steps` updates.)
+
+    Across ranks (`group=`, or torchrun's default group; backends cpu and cuda): each rank owns a
+    contiguous block of rows and the Adam state of those rows only. Every step the ranks
+    all-gather the rows, each computes its rows' loss and gradient with the fused kernel run on
+    its block against all k rows (`penalty.rows_loss_and_grad`), and the losses are summed. The
+    trajectory is the single-process one up to float rounding (the kernel's tiles start at other
+    rows).
     """
     k = _check_int(k, "k", 2)
     d = _check_int(d, "d", 1)
@@ -156,6 +164,11 @@ def optimize(
     from ._backends import resolve_backend
 
     used_backend = resolve_backend(backend, device, "gram_offdiag_penalty")
+    from .distributed import resolve_group
+
+    group = resolve_group(group)
+    if group is not None:
+        return _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend, progress, group)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     x0 = torch.randn(k, d, generator=gen, dtype=torch.float64)
     x0 = x0 / torch.linalg.vector_norm(x0, dim=1, keepdim=True)
@@ -186,6 +199,81 @@ def optimize(
             bar.close()
     history = losses.cpu().tolist()
     eps_star, mean, std = _eps_stats(X.detach(), stats_backend)
+    seconds = time.perf_counter() - start
+    return PackingResult(
+        k=k, d=d, steps=steps, p=p, lr=lr, seed=seed,
+        dtype=str(dtype).replace("torch.", ""), device=str(device), backend=used_backend,
+        eps_star=float(eps_star), eps_star_init=float(eps_init), mean=float(mean), std=float(std),
+        mu_plus_2sigma=float(mean + 2.0 * std), welch=float(capacity.welch_bound(k, d)),
+        loss_init=float(history[0]), loss_final=float(history[-1]), loss_history=history,
+        seconds=seconds,
+    )
+
+
+def _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend, progress, group) -> PackingResult:
+    import torch.distributed as dist
+
+    from ._validation import compute_dtype
+    from .distributed import check_same_on_all_ranks, contiguous_share, rank_and_world, run_on_every_rank
+    from .penalty import rows_loss_and_grad
+
+    if used_backend not in ("cpu", "cuda"):
+        raise ValueError(f"packing across ranks runs on the cpu and cuda backends, not {used_backend!r}")
+    rank, world = rank_and_world(group)
+    check_same_on_all_ranks("optimize", {"k": k, "d": d, "steps": steps, "p": p, "lr": lr, "seed": seed,
+                                         "dtype": str(dtype), "backend": used_backend}, group)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    x0 = torch.randn(k, d, generator=gen, dtype=torch.float64)
+    x0 = x0 / torch.linalg.vector_norm(x0, dim=1, keepdim=True)
+    full = x0.to(device=device, dtype=dtype)
+    own = contiguous_share(k, rank, world)
+    block = -(-k // world)  # all_gather takes equal sizes: blocks are padded to this many rows
+    X = full[own.start : own.stop].clone().requires_grad_(True)
+    eps_init, _, _ = _eps_stats(full, used_backend)
+    opt = torch.optim.Adam([X], lr=lr)  # the Adam state of this rank's rows only
+    on_gpu = dist.get_backend(group) == "nccl"
+    comm_device = full.device if on_gpu else torch.device("cpu")
+    losses = torch.empty(steps, dtype=torch.float64)
+    shares = [contiguous_share(k, r, world) for r in range(world)]
+
+    def gather_rows() -> torch.Tensor:
+        padded = torch.zeros(block, d, dtype=dtype, device=comm_device)
+        padded[: len(own)] = X.detach().to(comm_device)
+        pieces = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(pieces, padded, group=group)
+        return torch.cat([piece[: len(sh)] for piece, sh in zip(pieces, shares)]).to(full.device)
+
+    show = (progress if progress is not None else 4.0 * k * k * d * steps / world >= _PROGRESS_FLOPS) and rank == 0
+    bar = None
+    if show:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc=f"pack k={k} d={d} p={p}, {world} ranks", unit=" step", leave=False)
+    start = time.perf_counter()
+    try:
+        for step in range(steps):
+            rows = gather_rows()
+            if len(own):
+                part, grad = run_on_every_rank("optimize", lambda: rows_loss_and_grad(rows, own.start, own.stop, p,
+                                                                                       used_backend), group)
+            else:
+                part, grad = torch.zeros((), dtype=torch.float64), None
+                run_on_every_rank("optimize", lambda: None, group)
+            total = part.detach().to(torch.float64).reshape(1).to(comm_device)
+            dist.all_reduce(total, group=group)
+            if grad is not None:
+                X.grad = grad.to(X.dtype)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            losses[step] = float(total.to(compute_dtype(dtype)))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    final = gather_rows()
+    history = losses.tolist()
+    eps_star, mean, std = _eps_stats(final, used_backend)
     seconds = time.perf_counter() - start
     return PackingResult(
         k=k, d=d, steps=steps, p=p, lr=lr, seed=seed,

@@ -116,6 +116,32 @@ def _kernel(name: str, x: torch.Tensor, p: int, with_grad: bool, normalized: boo
     return row_max, row_sum, grad_dir
 
 
+def rows_loss_and_grad(X: torch.Tensor, row_start: int, row_stop: int, p: int, backend: str = "auto"):
+    """For the rows [row_start, row_stop) of X (k×d, all rows): their part of the normalized
+    penalty, Σ_{i in rows} Σ_{j≠i} |ĝ_ij|^p (a float64 0-d tensor), and ∂L/∂x_i of the full
+    L = Σ_{i≠j}|ĝ_ij|^p for those rows (m×d, in the compute dtype), from the fused kernel run on
+    those rows against all k. Summing the row parts over a partition of the rows gives L: this is
+    how `packing.optimize` splits a step across ranks. Backends "cpu" and "cuda"."""
+    X = _check_x(X)
+    p = check_p(p)
+    k = X.shape[0]
+    if not (isinstance(row_start, int) and isinstance(row_stop, int) and 0 <= row_start < row_stop <= k):
+        raise ValueError(f"rows must satisfy 0 <= row_start < row_stop <= k = {k}, got [{row_start}, {row_stop})")
+    name = resolve_backend(backend, X.device, "gram_offdiag_penalty")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"rows_loss_and_grad runs on the cpu and cuda backends (the fused kernel on a row block), "
+                         f"not {name!r}")
+    x, norms = _prepare(X, True)
+    q = x[row_start:row_stop]
+    row_max, row_sum, grad_dir = torch.ops.repcap_fast.gram_offdiag_penalty_rows(q, x, row_start, p, True)
+    if not (bool(torch.isfinite(row_sum).all()) and bool(torch.isfinite(row_max).all())):
+        raise ValueError(f"X's Gram entries are not finite in {x.dtype}")
+    row_max = row_max.clamp(max=1.0)
+    loss = _row_losses(row_max, row_sum, p).sum()
+    grad = _finish_grad(grad_dir, row_max, q, norms[row_start:row_stop], p, 1.0)
+    return loss, grad
+
+
 def _log_pow(m: torch.Tensor, e: int) -> torch.Tensor:
     """e·ln(m) in float64, -inf where m == 0 (so exp gives 0)."""
     return e * torch.log(m.to(torch.float64))

@@ -629,40 +629,48 @@ def subspace_pga(
 
     Returns a PGAResult (z, rho_readout, null_rhos, null_mean, null_std with ddof = 1, n_pairs).
     """
-    H, N, d = _check_common(H, k, n_null, method)
-    from ._backends import resolve_backend
-
-    if method == "stream":
-        if backend not in ("auto", "torch", None):
-            raise ValueError(f"method='stream' runs on torch ops on H's device; backend must be 'auto' or "
-                             f"'torch', got {backend!r}")
-        name = "torch"
-    else:
-        name = resolve_backend(backend, H.device, "subspace_pga")
-    readout = _readout_from(W_U, basis, k, layout, d)
-    k = int(readout.shape[1])
-    x, _ = center_and_ccr(H, ccr)
-    norms = torch.linalg.vector_norm(x, dim=1)
-    if bool((norms == 0).any()):
-        n_zero = int((norms == 0).sum())
-        raise ValueError(
-            f"H has {n_zero} zero-norm rows after centering and CCR-{ccr} (an all-constant layer, "
-            "or tokens equal to the mean); their cosine distance is undefined"
-        )
-    if _nulls is None:
-        nulls = grassmann_bases(d, k, n_null, seed, device=x.device)
-    else:  # pga_profile's, drawn once with the same (d, k, n_null, seed)
-        nulls = _nulls.to(x.device)
-    n_pairs = N * (N - 1) // 2
-    from .distributed import check_same_on_all_ranks, contiguous_share, rank_and_world, resolve_group, tensor_digest
+    from .distributed import prepare_on_every_rank, resolve_group, tensor_digest
 
     group = resolve_group(group)
+
+    def prepare():
+        H_, N_, d_ = _check_common(H, k, n_null, method)
+        from ._backends import resolve_backend
+
+        if method == "stream":
+            if backend not in ("auto", "torch", None):
+                raise ValueError(f"method='stream' runs on torch ops on H's device; backend must be 'auto' or "
+                                 f"'torch', got {backend!r}")
+            name_ = "torch"
+        else:
+            name_ = resolve_backend(backend, H_.device, "subspace_pga")
+        readout_ = _readout_from(W_U, basis, k, layout, d_)
+        k_ = int(readout_.shape[1])
+        x_, _ = center_and_ccr(H_, ccr)
+        norms = torch.linalg.vector_norm(x_, dim=1)
+        if bool((norms == 0).any()):
+            n_zero = int((norms == 0).sum())
+            raise ValueError(
+                f"H has {n_zero} zero-norm rows after centering and CCR-{ccr} (an all-constant layer, "
+                "or tokens equal to the mean); their cosine distance is undefined"
+            )
+        if _nulls is None:
+            nulls_ = grassmann_bases(d_, k_, n_null, seed, device=x_.device)
+        else:  # pga_profile's, drawn once with the same (d, k, n_null, seed)
+            nulls_ = _nulls.to(x_.device)
+        return H_, N_, d_, name_, readout_, k_, x_, nulls_
+
+    H, N, d, name, readout, k, x, nulls = prepare_on_every_rank(
+        "subspace_pga", prepare,
+        lambda prep: {"H": tensor_digest(prep[0]), "readout": tensor_digest(prep[4]), "nulls": tensor_digest(prep[7]),
+                      "k": prep[5], "n_null": int(n_null), "ccr": int(ccr), "seed": int(seed), "method": method,
+                      "backend": prep[3]}, group)
+    n_pairs = N * (N - 1) // 2
+    from .distributed import contiguous_share, rank_and_world
+
     all_bases = torch.cat([readout.to(x.device)[None], nulls])
     mine = range(n_null + 1)
     if group is not None:
-        check_same_on_all_ranks("subspace_pga", {
-            "H": tensor_digest(H), "readout": tensor_digest(readout), "nulls": tensor_digest(nulls), "k": k,
-            "n_null": int(n_null), "ccr": int(ccr), "seed": int(seed), "method": method, "backend": name}, group)
         rank, world = rank_and_world(group)
         mine = contiguous_share(n_null + 1, rank, world)
     show = progress if progress is not None else n_pairs * (n_null + 1) >= 2e8

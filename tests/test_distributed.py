@@ -76,6 +76,33 @@ def _case(name, rank):
 
         with local():
             return _stats_fields(rf.pairwise_cosine_stats(_matrix(50 + rank, 8, 8), backend="cpu", progress=False))
+    if name.startswith("pack"):  # pack (float32), pack64
+        from repcap_fast import packing
+
+        dtype = torch.float64 if name == "pack64" else torch.float32
+        r = packing.optimize(45, 6, steps=30, seed=2, dtype=dtype, backend="cpu", progress=False)
+        return {"loss_history": r.loss_history, "eps_star": r.eps_star, "eps_star_init": r.eps_star_init,
+                "mean": r.mean, "std": r.std}
+    if name == "sharded":  # each rank passes only its row block
+        from repcap_fast.distributed import contiguous_share
+
+        full = _matrix(1001, 24, 0)
+        mine = contiguous_share(1001, rank, dist.get_world_size())
+        return _stats_fields(rf.pairwise_cosine_stats_sharded(full[mine.start : mine.stop], bins=257, backend="cpu",
+                                                              progress=False))
+    if name == "nan_on_one_rank":  # invalid input on rank 1 only: every rank raises, none waits
+        a = _matrix(200, 8, 9)
+        if rank == 1:
+            a[5, 3] = float("nan")
+        return _stats_fields(rf.pairwise_cosine_stats(a, backend="cpu", progress=False))
+    if name == "bad_k_for_pga_on_one_rank":
+        from repcap_fast import pga
+
+        h = _matrix(60, 8, 10).double()
+        return {"z": pga.subspace_pga(h, h, k=9 if rank == 1 else 3, n_null=4, backend="cpu", progress=False).z}
+    if name == "sharded_empty_block":
+        full = _matrix(300, 8, 11)
+        return _stats_fields(rf.pairwise_cosine_stats_sharded(full[:0] if rank == 1 else full, progress=False))
     if name == "epsilon":
         return {"eps": rf.epsilon(_matrix(700, 16, 6), method="stream", backend="cpu", progress=False)}
     raise KeyError(name)
@@ -183,7 +210,7 @@ def test_commands_that_do_not_run_across_ranks_say_so(monkeypatch, capsys):
     from repcap_fast.cli import main
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["pack", "--k", "10", "--d", "4", "--steps", "1"]) == 2
+    assert main(["fit", "nothing.json"]) == 2
     assert "does not run across ranks yet" in capsys.readouterr().err
 
 
@@ -228,3 +255,39 @@ def test_local_block_runs_each_rank_alone(tmp_path, monkeypatch):
     results = run_distributed("local", 2, tmp_path)
     for rank, got in enumerate(results):
         assert "error" not in got and got["count"] == (50 + rank) * (49 + rank) // 2
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("name,tol", [("pack64", 1e-10), ("pack", 2e-5)])
+def test_packing_across_ranks_follows_the_single_process_trajectory(name, tol, world, tmp_path):
+    want = _case(name, 0)
+    for got in run_distributed(name, world, tmp_path):
+        assert "error" not in got, got
+        assert got["eps_star_init"] == want["eps_star_init"]  # the same seeded start
+        np = pytest.importorskip("numpy")
+        np.testing.assert_allclose(got["loss_history"], want["loss_history"], rtol=tol)
+        assert got["eps_star"] == pytest.approx(want["eps_star"], rel=tol)
+        assert got["loss_history"][-1] < 0.9 * got["loss_history"][0]  # it did optimize
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_row_sharded_statistics_match_one_process(world, tmp_path, monkeypatch):
+    monkeypatch.setattr(cosine_stats, "_JOB_ROWS", SMALL_JOBS)
+    want = _case("self", 0)
+    for got in run_distributed("sharded", world, tmp_path):
+        assert "error" not in got, got
+        assert got["count"] == want["count"] == 1001 * 1000 // 2
+        # other tiles give a pair's float32 dot product other last bits: 5e-12 in μ was seen here
+        assert got["mean"] == pytest.approx(want["mean"], abs=1e-9)
+        assert got["std"] == pytest.approx(want["std"], rel=1e-8)
+        assert got["min"] == pytest.approx(want["min"], abs=1e-6) and got["max"] == pytest.approx(want["max"], abs=1e-6)
+        assert int((got["hist"] - want["hist"]).abs().sum()) <= 1e-4 * want["count"]  # edge-rounding only
+        assert got["below"] + got["above"] + int(got["hist"].sum()) == got["count"]
+
+
+@pytest.mark.parametrize("name,text", [("nan_on_one_rank", "error: rank 0 None, rank 1 'ValueError"),
+                                       ("bad_k_for_pga_on_one_rank", "error: rank 0 None, rank 1 'ValueError"),
+                                       ("sharded_empty_block", "rank 1's block is invalid")])
+def test_invalid_input_on_one_rank_stops_every_rank(name, text, tmp_path):
+    for got in run_distributed(name, 2, tmp_path):
+        assert "error" in got and text in got["error"], got
