@@ -76,11 +76,12 @@ def _case(name, rank):
 
         with local():
             return _stats_fields(rf.pairwise_cosine_stats(_matrix(50 + rank, 8, 8), backend="cpu", progress=False))
-    if name.startswith("pack"):  # pack (float32), pack64
+    if name.startswith("pack"):  # pack (float32), pack64, pack_tiny
         from repcap_fast import packing
 
         dtype = torch.float64 if name == "pack64" else torch.float32
-        r = packing.optimize(45, 6, steps=30, seed=2, dtype=dtype, backend="cpu", progress=False)
+        k = 2 if name == "pack_tiny" else 45  # pack_tiny: fewer rows than ranks, one rank owns none
+        r = packing.optimize(k, 6, steps=30, seed=2, dtype=dtype, backend="cpu", progress=False)
         return {"loss_history": r.loss_history, "eps_star": r.eps_star, "eps_star_init": r.eps_star_init,
                 "mean": r.mean, "std": r.std}
     if name == "sharded":  # each rank passes only its row block
@@ -258,7 +259,7 @@ def test_local_block_runs_each_rank_alone(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("name,tol", [("pack64", 1e-10), ("pack", 2e-5)])
+@pytest.mark.parametrize("name,tol", [("pack64", 1e-10), ("pack", 2e-5), ("pack_tiny", 2e-5)])
 def test_packing_across_ranks_follows_the_single_process_trajectory(name, tol, world, tmp_path):
     want = _case(name, 0)
     for got in run_distributed(name, world, tmp_path):
