@@ -162,20 +162,21 @@ void gram_offdiag_penalty_cuda_impl(const at::Tensor& q, const at::Tensor& x, in
                                     bool with_grad, PenaltyTuple& out) {
   const int64_t m = q.size(0);
   const int64_t k = x.size(0);
-  const int64_t panel = std::min(std::max(m, k), kCudaPanel);
-  at::Tensor scratch = at::empty({panel * panel}, x.options());
-  at::Tensor beta = at::empty({panel}, x.options());
+  const int64_t row_panel = std::min(m, kCudaPanel);  // a panel is row_panel x col_panel Gram entries
+  const int64_t col_panel = std::min(k, kCudaPanel);
+  at::Tensor scratch = at::empty({row_panel * col_panel}, x.options());
+  at::Tensor beta = at::empty({row_panel}, x.options());
   at::Tensor& row_max = std::get<0>(out);
   at::Tensor& row_sum = std::get<1>(out);
   at::Tensor& grad_dir = std::get<2>(out);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-  for (int64_t row0 = 0; row0 < m; row0 += panel) {
-    const int64_t rows = std::min(panel, m - row0);
+  for (int64_t row0 = 0; row0 < m; row0 += row_panel) {
+    const int64_t rows = std::min(row_panel, m - row0);
     const at::Tensor x_rows = q.narrow(0, row0, rows);
     at::Tensor acc = with_grad ? grad_dir.narrow(0, row0, rows) : at::Tensor();
     at::Tensor beta_rows = beta.narrow(0, 0, rows);
-    for (int64_t col0 = 0; col0 < k; col0 += panel) {
-      const int64_t cols = std::min(panel, k - col0);
+    for (int64_t col0 = 0; col0 < k; col0 += col_panel) {
+      const int64_t cols = std::min(col_panel, k - col0);
       const at::Tensor x_cols = x.narrow(0, col0, cols);
       at::Tensor g = scratch.narrow(0, 0, rows * cols).view({rows, cols});
       at::mm_out(g, x_rows, x_cols.t());

@@ -406,6 +406,8 @@ def main(argv=None) -> int:
                 raise RuntimeError(f"`repcap {args.command}` does not run across ranks yet; run it without torchrun "
                                    f"(across ranks: {', '.join(_DISTRIBUTED_COMMANDS)})")
             init_from_torchrun(getattr(args, "device", None) or "cpu")
+            if str(getattr(args, "device", None) or "").startswith("cuda"):  # each rank on its own GPU
+                args.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
             if not is_main():  # rank 0 prints and writes files; the others compute their share
                 args.json = args.plot = None
                 with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):

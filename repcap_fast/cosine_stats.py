@@ -368,19 +368,24 @@ def pairwise_cosine_stats(
     inverse float64 row norms; per-row/tile sums are merged in float64 in a fixed order, so a
     result is bitwise repeatable on the same backend and machine.
     """
-    bins, lo, hi = val.check_histogram(bins, range)
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
-    A = val.as_matrix(A, "A")  # once: a non-contiguous numpy array is copied here
-    name = resolve_backend(backend, A.device, "pairwise_cosine_stats")
     from .distributed import prepare_on_every_rank, resolve_group, tensor_digest
 
     group = resolve_group(group)
-    a, norms_a, dropped_a, b, norms_b, dropped_b = prepare_on_every_rank(
-        "pairwise_cosine_stats", lambda: _prepare(A, B, zero_rows, n_rows),
-        lambda prep: {"A": tensor_digest(prep[0]), "B": tensor_digest(prep[3]), "shape_a": tuple(prep[0].shape),
-                      "shape_b": None if prep[3] is None else tuple(prep[3].shape), "bins": bins, "range": (lo, hi),
-                      "backend": name, "precision": precision, "zero_rows": zero_rows}, group)
+
+    def prepare():  # every check before the first collective, so that a failure reaches every rank
+        bins_, lo_, hi_ = val.check_histogram(bins, range)
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
+        A_ = val.as_matrix(A, "A")  # once: a non-contiguous numpy array is copied here
+        name_ = resolve_backend(backend, A_.device, "pairwise_cosine_stats")
+        return (bins_, lo_, hi_, name_, *_prepare(A_, B, zero_rows, n_rows))
+
+    bins, lo, hi, name, a, norms_a, dropped_a, b, norms_b, dropped_b = prepare_on_every_rank(
+        "pairwise_cosine_stats", prepare,
+        lambda prep: {"A": tensor_digest(prep[4]), "B": tensor_digest(prep[7]), "shape_a": tuple(prep[4].shape),
+                      "shape_b": None if prep[7] is None else tuple(prep[7].shape), "bins": prep[0],
+                      "range": (prep[1], prep[2]), "backend": prep[3], "precision": precision, "zero_rows": zero_rows},
+        group)
     if name == "torch":
         raw = _pairwise_cosine_stats_torch(a, b, bins, lo, hi, progress)
     else:
@@ -469,49 +474,87 @@ def pairwise_cosine_stats_sharded(
     """
     import torch.distributed as dist
 
-    from .distributed import local, rank_and_world, resolve_group, run_on_every_rank
+    from .distributed import comm_device, global_rank, local, rank_and_world, resolve_group, run_on_every_rank
 
     group = resolve_group(group)
     if group is None:
         return pairwise_cosine_stats(A_local, bins=bins, range=range, zero_rows=zero_rows, backend=backend,
                                      precision=precision, progress=progress)
-    bins, lo, hi = val.check_histogram(bins, range)
     rank, world = rank_and_world(group)
+
+    def prepare():  # checks, and zero rows dropped once per block, before the first collective
+        bins_, lo_, hi_ = val.check_histogram(bins, range)
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
+        if zero_rows not in ("error", "drop"):
+            raise ValueError(f"zero_rows must be 'error' or 'drop', got {zero_rows!r}")
+        x = torch.as_tensor(A_local)
+        if x.dim() != 2:
+            raise ValueError(f"A_local must be a 2-D block of rows, got shape {tuple(x.shape)}")
+        if x.shape[0] == 0:  # a rank may hold no rows (fewer rows than ranks)
+            x = x.to(torch.float32) if not x.dtype.is_floating_point else x
+            return bins_, lo_, hi_, x, 0
+        x = val.as_matrix(x, "A_local")
+        norms = torch.linalg.vector_norm(x.to(torch.float64), dim=1)
+        zero = norms == 0
+        if bool(zero.any()):
+            if zero_rows == "error":
+                raise ValueError(f"A_local has {int(zero.sum())} zero-norm rows; pass zero_rows='drop' to drop them")
+            x = x[~zero]
+        resolve_backend(backend, x.device, "pairwise_cosine_stats")  # an unknown or unbuilt backend fails here
+        return bins_, lo_, hi_, x, int(zero.sum())
+
     try:
-        A, failure = val.as_matrix(A_local, "A_local"), None
+        prepared, failure = prepare(), None
     except Exception as exc:  # noqa: BLE001 - reported on every rank
-        A, failure = None, f"{type(exc).__name__}: {exc}"
-    shapes = [None] * world
-    dist.all_gather_object(shapes, (None, None, failure) if failure else (tuple(A.shape), str(A.dtype), None),
-                           group=group)
-    failed = [(r, s[2]) for r, s in enumerate(shapes) if s[2]]
+        prepared, failure = None, f"{type(exc).__name__}: {exc}"
+    settings = {"bins": bins if failure else prepared[0], "range": None if failure else (prepared[1], prepared[2]),
+                "zero_rows": zero_rows, "backend": backend, "precision": precision}
+    info = (None, None, None, failure, settings) if failure else (
+        tuple(prepared[3].shape), str(prepared[3].dtype), prepared[4], None, settings)
+    infos = [None] * world
+    dist.all_gather_object(infos, info, group=group)
+    failed = [(r, i[3]) for r, i in enumerate(infos) if i[3]]
     if failed:
         raise ValueError(f"pairwise_cosine_stats_sharded: rank {failed[0][0]}'s block is invalid: {failed[0][1]}")
-    on_gpu = dist.get_backend(group) == "nccl"
-    comm = A.device if on_gpu else torch.device("cpu")
-    if len({s[0][1] for s in shapes}) != 1 or len({s[1] for s in shapes}) != 1:
-        raise ValueError(f"pairwise_cosine_stats_sharded: every rank's block must have the same d and dtype, got "
-                         f"{', '.join(f'rank {r} {s[0]} {s[1]}' for r, s in enumerate(shapes))}")
-    kw = dict(bins=bins, range=(lo, hi), zero_rows=zero_rows, backend=backend, precision=precision,
+    if any(i[4] != infos[0][4] for i in infos):
+        raise ValueError("pairwise_cosine_stats_sharded: the ranks were given different settings; every rank must "
+                         "pass the same ones (" + ", ".join(f"rank {r} {i[4]}" for r, i in enumerate(infos)) + ")")
+    nonempty = [i for i in infos if i[0][0] > 0]
+    if not nonempty or len({i[0][1] for i in infos}) != 1 or len({i[1] for i in nonempty}) != 1:
+        raise ValueError("pairwise_cosine_stats_sharded: every rank's block must have the same d and dtype and at "
+                         "least one rank must hold rows, got " + ", ".join(f"rank {r} {i[0]} {i[1]}" for r, i in
+                                                                           enumerate(infos)))
+    bins, lo, hi, A = prepared[0], prepared[1], prepared[2], prepared[3]
+    dtype = getattr(torch, nonempty[0][1].replace("torch.", ""))
+    A = A.to(dtype)
+    rows_of = [i[0][0] for i in infos]
+    comm = comm_device(group)
+    kw = dict(bins=bins, range=(lo, hi), zero_rows="error", backend=backend, precision=precision,
               progress=progress if rank == 0 else False)
     pieces = []  # (round, rank, stats)
 
     def stats_of(a, b=None):
         with local():
-            return pairwise_cosine_stats(a, b, **kw) if (b is not None or a.shape[0] >= 2) else None
+            return pairwise_cosine_stats(a, b, **kw)
 
-    own = run_on_every_rank("pairwise_cosine_stats_sharded", lambda: stats_of(A), group)
+    own = run_on_every_rank("pairwise_cosine_stats_sharded",
+                            lambda: stats_of(A) if A.shape[0] >= 2 else None, group)
     if own is not None:
         pieces.append((0, rank, own))
     for t in _builtin_range(1, world // 2 + 1):
         src, dst = (rank + t) % world, (rank - t) % world
-        other = torch.empty(shapes[src][0], dtype=A.dtype, device=comm)
-        sends = [dist.P2POp(dist.isend, A.to(comm).contiguous(), dst, group=group),
-                 dist.P2POp(dist.irecv, other, src, group=group)]
-        for req in dist.batch_isend_irecv(sends):
-            req.wait()
+        ops = []
+        if rows_of[rank] > 0:
+            ops.append(dist.P2POp(dist.isend, A.to(comm).contiguous(), global_rank(group, dst), group=group))
+        other = torch.empty(rows_of[src], A.shape[1], dtype=dtype, device=comm)
+        if rows_of[src] > 0:
+            ops.append(dist.P2POp(dist.irecv, other, global_rank(group, src), group=group))
+        if ops:
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
         compute = not (world % 2 == 0 and t == world // 2 and rank >= world // 2)
-        if compute and A.shape[0] and other.shape[0]:
+        if compute and rows_of[rank] > 0 and rows_of[src] > 0:
             piece = run_on_every_rank("pairwise_cosine_stats_sharded", lambda: stats_of(A, other.to(A.device)), group)
             pieces.append((t, rank, piece))
         else:
@@ -533,13 +576,15 @@ def pairwise_cosine_stats_sharded(
         below += bl
         above += ab
         hist += torch.tensor(h, dtype=torch.int64)
-    rows = sum(s[0][0] for s in shapes)
-    dropped = sum(p[10] for p in parts if p[0] == 0)
-    backend_used = pieces[0][2].backend if pieces else resolve_backend(backend, A.device, "pairwise_cosine_stats")
+    rows = sum(rows_of)
+    dropped = sum(i[2] for i in infos)
+    if not parts:
+        raise ValueError(f"pairwise_cosine_stats_sharded: the blocks hold {rows} rows in all; at least 2 are needed")
+    backend_used = resolve_backend(backend, A.device, "pairwise_cosine_stats")
     mean, std = _mean_std(count, total, total_sq)
     return CosineStats(count=count, mean=mean, std=std, min=float(cmin), max=float(cmax), hist=hist,
                        edges=torch.linspace(lo, hi, bins + 1, dtype=torch.float64), below=below, above=above,
                        sum=total, sum_sq=total_sq, backend=backend_used,
-                       shape_a=(rows - dropped, shapes[0][0][1]), dropped_rows_a=dropped,
+                       shape_a=(rows, int(A.shape[1])), dropped_rows_a=dropped,
                        settings={"bins": bins, "range": [lo, hi], "zero_rows": zero_rows, "precision": precision,
                                  "sharded": f"{world} ranks, ring of row blocks"})

@@ -100,15 +100,32 @@ def assign_units(weights: Sequence[int], world: int) -> List[int]:
     return owner
 
 
-def sum_across_ranks(tensors: Sequence[torch.Tensor], group, device: torch.device) -> List[torch.Tensor]:
-    """all_reduce(SUM) of each tensor (moved to `device` for NCCL, which reduces GPU tensors only);
+def comm_device(group) -> torch.device:
+    """Where a collective's tensors must live: this rank's current GPU for NCCL (whatever device
+    the op's inputs are on), the CPU otherwise."""
+    import torch.distributed as dist
+
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def global_rank(group, group_rank: int) -> int:
+    """The global rank of `group_rank` in `group` (point-to-point calls take global ranks)."""
+    import torch.distributed as dist
+
+    return dist.get_global_rank(group, group_rank) if group is not dist.group.WORLD else group_rank
+
+
+def sum_across_ranks(tensors: Sequence[torch.Tensor], group, device=None) -> List[torch.Tensor]:
+    """all_reduce(SUM) of each tensor on the group's communication device (`comm_device`);
     returns CPU tensors."""
     import torch.distributed as dist
 
-    on_gpu = dist.get_backend(group) == "nccl"
+    where = comm_device(group)
     out = []
     for t in tensors:
-        t = t.to(device) if on_gpu else t.cpu()
+        t = t.to(where)
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
         out.append(t.cpu())
     return out
@@ -151,6 +168,8 @@ def init_from_torchrun(device: str = "cpu") -> bool:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return False
     if str(device).startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"--device {device}: this torch has no CUDA device ({torch.__version__})")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl")
     else:

@@ -152,21 +152,26 @@ def optimize(
     trajectory is the single-process one up to float rounding (the kernel's tiles start at other
     rows).
     """
-    k = _check_int(k, "k", 2)
-    d = _check_int(d, "d", 1)
-    steps = _check_int(steps, "steps", 1)
-    p = default_p(k, d) if p is None else check_p(p)
-    lr = default_lr(d) if lr is None else _check_lr(lr)
-    seed = _check_int(seed, "seed", 0)
-    dtype = _dtype(dtype)
-    device = torch.device(device)
-
     from ._backends import resolve_backend
-
-    used_backend = resolve_backend(backend, device, "gram_offdiag_penalty")
-    from .distributed import resolve_group
+    from .distributed import prepare_on_every_rank, resolve_group
 
     group = resolve_group(group)
+
+    def prepare():  # every check before the first collective, so that a failure reaches every rank
+        k_ = _check_int(k, "k", 2)
+        d_ = _check_int(d, "d", 1)
+        p_ = default_p(k_, d_) if p is None else check_p(p)
+        lr_ = default_lr(d_) if lr is None else _check_lr(lr)
+        device_ = torch.device(device)
+        backend_ = resolve_backend(backend, device_, "gram_offdiag_penalty")
+        if group is not None and backend_ not in ("cpu", "cuda"):
+            raise ValueError(f"packing across ranks runs on the cpu and cuda backends, not {backend_!r}")
+        return (k_, d_, _check_int(steps, "steps", 1), p_, lr_, _check_int(seed, "seed", 0), _dtype(dtype), device_,
+                backend_)
+
+    k, d, steps, p, lr, seed, dtype, device, used_backend = prepare_on_every_rank(
+        "optimize", prepare, lambda prep: {"k": prep[0], "d": prep[1], "steps": prep[2], "p": prep[3], "lr": prep[4],
+                                           "seed": prep[5], "dtype": str(prep[6]), "backend": prep[8]}, group)
     if group is not None:
         return _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend, progress, group)
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -214,14 +219,10 @@ def _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend
     import torch.distributed as dist
 
     from ._validation import compute_dtype
-    from .distributed import check_same_on_all_ranks, contiguous_share, rank_and_world, run_on_every_rank
+    from .distributed import comm_device, contiguous_share, local, rank_and_world, run_on_every_rank
     from .penalty import rows_loss_and_grad
 
-    if used_backend not in ("cpu", "cuda"):
-        raise ValueError(f"packing across ranks runs on the cpu and cuda backends, not {used_backend!r}")
     rank, world = rank_and_world(group)
-    check_same_on_all_ranks("optimize", {"k": k, "d": d, "steps": steps, "p": p, "lr": lr, "seed": seed,
-                                         "dtype": str(dtype), "backend": used_backend}, group)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     x0 = torch.randn(k, d, generator=gen, dtype=torch.float64)
     x0 = x0 / torch.linalg.vector_norm(x0, dim=1, keepdim=True)
@@ -229,16 +230,16 @@ def _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend
     own = contiguous_share(k, rank, world)
     block = -(-k // world)  # all_gather takes equal sizes: blocks are padded to this many rows
     X = full[own.start : own.stop].clone().requires_grad_(True)
-    eps_init, _, _ = _eps_stats(full, used_backend)
+    with local():  # every rank holds all rows: the statistics need no other rank (and no subgroup)
+        eps_init, _, _ = _eps_stats(full, used_backend)
     opt = torch.optim.Adam([X], lr=lr)  # the Adam state of this rank's rows only
-    on_gpu = dist.get_backend(group) == "nccl"
-    comm_device = full.device if on_gpu else torch.device("cpu")
+    comm = comm_device(group)
     losses = torch.empty(steps, dtype=torch.float64)
     shares = [contiguous_share(k, r, world) for r in range(world)]
 
     def gather_rows() -> torch.Tensor:
-        padded = torch.zeros(block, d, dtype=dtype, device=comm_device)
-        padded[: len(own)] = X.detach().to(comm_device)
+        padded = torch.zeros(block, d, dtype=dtype, device=comm)
+        padded[: len(own)] = X.detach().to(comm)
         pieces = [torch.empty_like(padded) for _ in range(world)]
         dist.all_gather(pieces, padded, group=group)
         return torch.cat([piece[: len(sh)] for piece, sh in zip(pieces, shares)]).to(full.device)
@@ -259,7 +260,7 @@ def _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend
             else:
                 part, grad = torch.zeros((), dtype=torch.float64), None
                 run_on_every_rank("optimize", lambda: None, group)
-            total = part.detach().to(torch.float64).reshape(1).to(comm_device)
+            total = part.detach().to(torch.float64).reshape(1).to(comm)
             dist.all_reduce(total, group=group)
             if grad is not None:
                 X.grad = grad.to(X.dtype)
@@ -273,7 +274,8 @@ def _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend
             bar.close()
     final = gather_rows()
     history = losses.tolist()
-    eps_star, mean, std = _eps_stats(final, used_backend)
+    with local():
+        eps_star, mean, std = _eps_stats(final, used_backend)
     seconds = time.perf_counter() - start
     return PackingResult(
         k=k, d=d, steps=steps, p=p, lr=lr, seed=seed,

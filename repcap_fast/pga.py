@@ -362,13 +362,14 @@ def _check_common(H, k, n_null, method):
     return H, N, d
 
 
-def _subspace_rhos_torch(x: torch.Tensor, d_full_ranks: torch.Tensor, bases: torch.Tensor, progress=None) -> List[float]:
+def _subspace_rhos_torch(x: torch.Tensor, d_full_ranks: torch.Tensor, bases: torch.Tensor, progress=None,
+                         first: int = 0) -> List[float]:
     """Spearman(d_full, d_S) for each basis S (b, d, k; bases[0] the readout): the per-subspace
     loop of the reference."""
     rhos = []
     for b in range(bases.shape[0]):
         proj = x @ bases[b]
-        dist = _condensed_cosine_distances(proj, f"H projected on {_subspace_name(b)}")
+        dist = _condensed_cosine_distances(proj, f"H projected on {_subspace_name(first + b)}")
         ranks = average_ranks(dist)
         rhos.append(_pearson(d_full_ranks, ranks))
         if progress is not None:
@@ -547,7 +548,7 @@ def _kernel_ops(name: str):
     return subspace_pga_ranks_triton, subspace_pga_rhos_triton
 
 
-def _subspace_rhos_kernel(name, x, bases, batch, progress=None):
+def _subspace_rhos_kernel(name, x, bases, batch, progress=None, first: int = 0):
     """ρ per basis (bases[0] the readout) from a kernel backend, `batch` subspaces per call."""
     ranks_fn, rhos_fn = _kernel_ops(name)
     ref = ranks_fn(x)
@@ -561,7 +562,8 @@ def _subspace_rhos_kernel(name, x, bases, batch, progress=None):
         if math.isnan(r):  # a zero projected row, or all distances equal (ρ undefined: NaN)
             norms = torch.linalg.vector_norm(x @ bases[b].to(x.dtype), dim=1)
             if bool((norms == 0).any()):
-                raise ValueError(f"H projected on {_subspace_name(b)} has zero-norm rows; cosine distance is undefined")
+                raise ValueError(f"H projected on {_subspace_name(first + b)} has zero-norm rows; cosine distance is "
+                                 f"undefined")
     return rhos
 
 
@@ -681,7 +683,7 @@ def subspace_pga(
 
         bar = tqdm(total=len(mine), desc="subspace PGA", unit=" subspace", leave=False)
 
-    def rhos_of(bases):
+    def rhos_of(bases, first=0):  # bases[0] is subspace `first` (0: the readout)
         if len(bases) == 0:
             return []
         if method == "stream":
@@ -693,16 +695,16 @@ def subspace_pga(
             xk = x.to(val.compute_dtype(H.dtype)).contiguous()
             _warn_tf32(xk)
             size = _batch_size(batch, name, N, k, n_null + 1, xk.dtype, xk.device)
-            return _subspace_rhos_kernel(name, xk, bases, size, bar)
+            return _subspace_rhos_kernel(name, xk, bases, size, bar, first)
         d_full_ranks = average_ranks(_condensed_cosine_distances(x, "H"))
-        return _subspace_rhos_torch(x, d_full_ranks, bases, bar)
+        return _subspace_rhos_torch(x, d_full_ranks, bases, bar, first)
 
     try:
         if group is not None:
             from .distributed import run_on_every_rank, sum_across_ranks
 
             share = torch.zeros(n_null + 1, dtype=torch.float64)
-            got = run_on_every_rank("subspace_pga", lambda: rhos_of(all_bases[mine.start : mine.stop]), group)
+            got = run_on_every_rank("subspace_pga", lambda: rhos_of(all_bases[mine.start : mine.stop], mine.start), group)
             share[mine.start : mine.stop] = torch.tensor(got, dtype=torch.float64)
             rhos = sum_across_ranks([share], group, x.device)[0].tolist()
             rho_readout, null_rhos = rhos[0], rhos[1:]
@@ -747,16 +749,28 @@ def pga_profile(
 
     The readout basis and the null subspaces are drawn once (the same seed) and shared by
     every layer and CCR variant. Shows a progress bar over layers × variants."""
+    from .distributed import is_main, prepare_on_every_rank, resolve_group, tensor_digest
+
+    group = resolve_group(group)
     layers = list(hidden_states_by_layer)
-    if not layers:
-        raise ValueError("hidden_states_by_layer is empty")
-    d = int(layers[0].shape[-1])
-    readout = _readout_from(W_U, basis, k, layout, d)
-    nulls = grassmann_bases(d, int(readout.shape[1]), n_null, seed, device=torch.as_tensor(layers[0]).device) \
-        if isinstance(n_null, (int, np.integer)) and not isinstance(n_null, bool) and n_null >= 2 else None
-    ccrs = [int(c) for c in ccrs]
+
+    def prepare():
+        if not layers:
+            raise ValueError("hidden_states_by_layer is empty")
+        d_ = int(layers[0].shape[-1])
+        for i, H in enumerate(layers):
+            if int(H.shape[-1]) != d_:
+                raise ValueError(f"hidden_states_by_layer[{i}] has d={H.shape[-1]}, layer 0 has d={d_}")
+        readout_ = _readout_from(W_U, basis, k, layout, d_)
+        nulls_ = grassmann_bases(d_, int(readout_.shape[1]), n_null, seed, device=torch.as_tensor(layers[0]).device) \
+            if isinstance(n_null, (int, np.integer)) and not isinstance(n_null, bool) and n_null >= 2 else None
+        return d_, readout_, nulls_, [int(c) for c in ccrs]
+
+    d, readout, nulls, ccrs = prepare_on_every_rank(
+        "pga_profile", prepare, lambda prep: {"layers": len(layers), "d": prep[0], "readout": tensor_digest(prep[1]),
+                                              "ccrs": prep[3], "seed": seed, "n_null": n_null}, group)
     bar = None
-    if progress:
+    if progress and is_main(group):
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(layers) * len(ccrs), desc="PGA profile", unit=" layer")
@@ -764,8 +778,6 @@ def pga_profile(
     try:
         for c in ccrs:
             for i, H in enumerate(layers):
-                if int(H.shape[-1]) != d:
-                    raise ValueError(f"hidden_states_by_layer[{i}] has d={H.shape[-1]}, layer 0 has d={d}")
                 res = subspace_pga(H, basis=readout, n_null=n_null, ccr=c, seed=seed, layout=layout,
                                    method=method, backend=backend, progress=False, group=group, _nulls=nulls)
                 res.settings["readout"] = "basis" if basis is not None else "W_U"

@@ -101,9 +101,33 @@ def _case(name, rank):
 
         h = _matrix(60, 8, 10).double()
         return {"z": pga.subspace_pga(h, h, k=9 if rank == 1 else 3, n_null=4, backend="cpu", progress=False).z}
-    if name == "sharded_empty_block":
+    if name == "sharded_empty_block":  # rank 1 holds no rows: valid (fewer rows than ranks)
         full = _matrix(300, 8, 11)
         return _stats_fields(rf.pairwise_cosine_stats_sharded(full[:0] if rank == 1 else full, progress=False))
+    if name == "sharded_drop":  # blocks of 2, 1 and 9 rows, with zero rows dropped once per block
+        full = _matrix(12, 5, 12)
+        full[[0, 2]] = 0
+        sizes = [(0, 2), (2, 3), (3, 12)][rank]
+        return _stats_fields(rf.pairwise_cosine_stats_sharded(full[sizes[0] : sizes[1]], zero_rows="drop",
+                                                              backend="cpu", progress=False))
+    if name == "bins_on_one_rank":  # invalid settings on rank 1 only, found before any collective
+        return _stats_fields(rf.pairwise_cosine_stats(_matrix(50, 4, 13), bins=0 if rank == 1 else 10, progress=False))
+    if name == "sharded_settings":
+        full = _matrix(40, 4, 14)
+        return _stats_fields(rf.pairwise_cosine_stats_sharded(full[rank * 20 : rank * 20 + 20],
+                                                              range=(-0.2, 0.2) if rank else (-1, 1), progress=False))
+    if name.startswith("subgroup"):  # world 3; ranks 1 and 2 form a group, rank 0 stays out
+        sub = dist.new_group([1, 2])
+        if rank == 0:
+            return {"outside": True}
+        if name == "subgroup_pack":
+            from repcap_fast import packing
+
+            r = packing.optimize(20, 4, steps=10, seed=1, backend="cpu", progress=False, group=sub)
+            return {"loss_history": r.loss_history, "eps_star": r.eps_star}
+        full = _matrix(301, 6, 15)
+        part = full[:150] if rank == 1 else full[150:]
+        return _stats_fields(rf.pairwise_cosine_stats_sharded(part, group=sub, backend="cpu", progress=False))
     if name == "epsilon":
         return {"eps": rf.epsilon(_matrix(700, 16, 6), method="stream", backend="cpu", progress=False)}
     raise KeyError(name)
@@ -288,7 +312,37 @@ def test_row_sharded_statistics_match_one_process(world, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name,text", [("nan_on_one_rank", "error: rank 0 None, rank 1 'ValueError"),
                                        ("bad_k_for_pga_on_one_rank", "error: rank 0 None, rank 1 'ValueError"),
-                                       ("sharded_empty_block", "rank 1's block is invalid")])
+                                       ("bins_on_one_rank", "error: rank 0 None, rank 1 'ValueError"),
+                                       ("sharded_settings", "different settings")])
 def test_invalid_input_on_one_rank_stops_every_rank(name, text, tmp_path):
     for got in run_distributed(name, 2, tmp_path):
         assert "error" in got and text in got["error"], got
+
+
+def test_row_sharded_blocks_may_be_empty_or_lose_zero_rows(tmp_path):
+    full = _matrix(300, 8, 11)
+    want = rf.pairwise_cosine_stats(full, progress=False)
+    for got in run_distributed("sharded_empty_block", 2, tmp_path):
+        assert "error" not in got, got
+        assert got["count"] == want.count and int((got["hist"] - want.hist).abs().sum()) <= 2
+    full = _matrix(12, 5, 12)
+    full[[0, 2]] = 0
+    want = rf.pairwise_cosine_stats(full, zero_rows="drop", backend="cpu", progress=False)
+    for got in run_distributed("sharded_drop", 3, tmp_path):
+        assert "error" not in got, got
+        assert got["count"] == want.count == 45 and got["mean"] == pytest.approx(want.mean, abs=1e-7)  # float32 pairs
+
+
+def test_subgroups_use_their_own_ranks(tmp_path):
+    from repcap_fast import packing
+
+    want_pack = packing.optimize(20, 4, steps=10, seed=1, backend="cpu", progress=False)
+    got = run_distributed("subgroup_pack", 3, tmp_path)
+    assert got[0] == {"outside": True}
+    for r in got[1:]:
+        assert "error" not in r, r
+        assert r["loss_history"] == pytest.approx(want_pack.loss_history, rel=2e-5)
+    want = rf.pairwise_cosine_stats(_matrix(301, 6, 15), backend="cpu", progress=False)
+    for r in run_distributed("subgroup_sharded", 3, tmp_path)[1:]:
+        assert "error" not in r, r
+        assert r["count"] == want.count and r["mean"] == pytest.approx(want.mean, abs=1e-9)
