@@ -174,21 +174,11 @@ def optimize(
                                            "seed": prep[5], "dtype": str(prep[6]), "backend": prep[8]}, group)
     if group is not None:
         return _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend, progress, group)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    x0 = torch.randn(k, d, generator=gen, dtype=torch.float64)
-    x0 = x0 / torch.linalg.vector_norm(x0, dim=1, keepdim=True)
-    X = x0.to(device=device, dtype=dtype).requires_grad_(True)
-    stats_backend = used_backend
-    eps_init, _, _ = _eps_stats(X.detach(), stats_backend)
+    X = _initial_vectors(k, d, seed).to(device=device, dtype=dtype).requires_grad_(True)
+    eps_init, _, _ = _eps_stats(X.detach(), used_backend)
     opt = torch.optim.Adam([X], lr=lr)
     losses = torch.empty(steps, dtype=torch.float64, device=device)
-
-    show = progress if progress is not None else 4.0 * k * k * d * steps >= _PROGRESS_FLOPS
-    bar = None
-    if show:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=steps, desc=f"pack k={k} d={d} p={p}", unit=" step", leave=False)
+    bar = _step_bar(progress, 4.0 * k * k * d * steps, steps, f"pack k={k} d={d} p={p}")
     start = time.perf_counter()
     try:
         for step in range(steps):
@@ -202,16 +192,37 @@ def optimize(
     finally:
         if bar is not None:
             bar.close()
-    history = losses.cpu().tolist()
-    eps_star, mean, std = _eps_stats(X.detach(), stats_backend)
-    seconds = time.perf_counter() - start
+    return _packing_result(k, d, steps, p, lr, seed, dtype, device, used_backend, eps_init, X.detach(),
+                           losses.cpu().tolist(), start)
+
+
+def _initial_vectors(k: int, d: int, seed: int) -> torch.Tensor:
+    """The seeded random start: k unit rows in R^d, drawn in float64 on the CPU."""
+    x0 = torch.randn(k, d, generator=torch.Generator(device="cpu").manual_seed(seed), dtype=torch.float64)
+    return x0 / torch.linalg.vector_norm(x0, dim=1, keepdim=True)
+
+
+def _step_bar(progress, flops: float, steps: int, desc: str):
+    if not (progress if progress is not None else flops >= _PROGRESS_FLOPS):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=steps, desc=desc, unit=" step", leave=False)
+
+
+def _packing_result(k, d, steps, p, lr, seed, dtype, device, backend, eps_init, X, history, start) -> PackingResult:
+    """ε* and the statistics of the final vectors X (all k rows, on this process alone)."""
+    from .distributed import local
+
+    with local():
+        eps_star, mean, std = _eps_stats(X, backend)
     return PackingResult(
         k=k, d=d, steps=steps, p=p, lr=lr, seed=seed,
-        dtype=str(dtype).replace("torch.", ""), device=str(device), backend=used_backend,
+        dtype=str(dtype).replace("torch.", ""), device=str(device), backend=backend,
         eps_star=float(eps_star), eps_star_init=float(eps_init), mean=float(mean), std=float(std),
         mu_plus_2sigma=float(mean + 2.0 * std), welch=float(capacity.welch_bound(k, d)),
         loss_init=float(history[0]), loss_final=float(history[-1]), loss_history=history,
-        seconds=seconds,
+        seconds=time.perf_counter() - start,
     )
 
 
@@ -223,10 +234,7 @@ def _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend
     from .penalty import rows_loss_and_grad
 
     rank, world = rank_and_world(group)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    x0 = torch.randn(k, d, generator=gen, dtype=torch.float64)
-    x0 = x0 / torch.linalg.vector_norm(x0, dim=1, keepdim=True)
-    full = x0.to(device=device, dtype=dtype)
+    full = _initial_vectors(k, d, seed).to(device=device, dtype=dtype)
     own = contiguous_share(k, rank, world)
     block = -(-k // world)  # all_gather takes equal sizes: blocks are padded to this many rows
     X = full[own.start : own.stop].clone().requires_grad_(True)
@@ -244,12 +252,8 @@ def _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend
         dist.all_gather(pieces, padded, group=group)
         return torch.cat([piece[: len(sh)] for piece, sh in zip(pieces, shares)]).to(full.device)
 
-    show = (progress if progress is not None else 4.0 * k * k * d * steps / world >= _PROGRESS_FLOPS) and rank == 0
-    bar = None
-    if show:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=steps, desc=f"pack k={k} d={d} p={p}, {world} ranks", unit=" step", leave=False)
+    bar = _step_bar(progress, 4.0 * k * k * d * steps / world, steps, f"pack k={k} d={d} p={p}, {world} ranks") \
+        if rank == 0 else None
     start = time.perf_counter()
     try:
         for step in range(steps):
@@ -272,19 +276,8 @@ def _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend
     finally:
         if bar is not None:
             bar.close()
-    final = gather_rows()
-    history = losses.tolist()
-    with local():
-        eps_star, mean, std = _eps_stats(final, used_backend)
-    seconds = time.perf_counter() - start
-    return PackingResult(
-        k=k, d=d, steps=steps, p=p, lr=lr, seed=seed,
-        dtype=str(dtype).replace("torch.", ""), device=str(device), backend=used_backend,
-        eps_star=float(eps_star), eps_star_init=float(eps_init), mean=float(mean), std=float(std),
-        mu_plus_2sigma=float(mean + 2.0 * std), welch=float(capacity.welch_bound(k, d)),
-        loss_init=float(history[0]), loss_final=float(history[-1]), loss_history=history,
-        seconds=seconds,
-    )
+    return _packing_result(k, d, steps, p, lr, seed, dtype, device, used_backend, eps_init, gather_rows(),
+                           losses.tolist(), start)
 
 
 # ----------------------------------------------------------------------------------- sweep
