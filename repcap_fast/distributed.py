@@ -1,11 +1,17 @@
 """Running the ops across processes with torch.distributed (torchrun; NCCL on GPUs, gloo on CPUs).
 
-An op runs distributed when a process group is initialized (or one is passed as `group=`): every
-rank holds the same inputs, the op's fixed list of work units is split across ranks, each rank
-computes its own units, and the per-unit partials are summed across ranks. A unit's partial comes
-from exactly one rank and is zero elsewhere, so the sum is exact, and every rank then merges the
-units in the same fixed order as a single process does: the result is bitwise the single-process
-result. Progress is shown by rank 0 only.
+An op runs distributed when a process group is initialized (or one is passed as `group=`).
+- pairwise_cosine_stats and subspace_pga: every rank holds the same inputs, the op's fixed list of
+  work units is split across ranks, each rank computes its own units, and the per-unit partials
+  are summed across ranks. A unit's partial comes from exactly one rank and is zero elsewhere, so
+  the sum is exact, and every rank merges the units in the order a single process does: the result
+  is bitwise the single-process result.
+- pairwise_cosine_stats_sharded (each rank holds a block of rows) and packing (each rank owns a
+  block of rows and its optimizer state) agree with one process to rounding, as their docstrings
+  say.
+Before the first collective every rank validates its input and the ranks compare what they were
+given, so that a failure or a mismatch on one rank raises on all of them. Progress is shown by
+rank 0 only.
 """
 
 from __future__ import annotations
