@@ -405,13 +405,21 @@ def main(argv=None) -> int:
             if args.command not in _DISTRIBUTED_COMMANDS:
                 raise RuntimeError(f"`repcap {args.command}` does not run across ranks yet; run it without torchrun "
                                    f"(across ranks: {', '.join(_DISTRIBUTED_COMMANDS)})")
-            init_from_torchrun(getattr(args, "device", None) or "cpu")
+            started = init_from_torchrun(getattr(args, "device", None) or "cpu")
             if str(getattr(args, "device", None) or "").startswith("cuda"):  # each rank on its own GPU
                 args.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
             if not is_main():  # rank 0 prints and writes files; the others compute their share
                 args.json = args.plot = None
                 with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
-                    return args.func(args)
+                    rc = args.func(args)
+            else:
+                rc = args.func(args)
+            if started:  # a clean shutdown after success: every rank done with the group, then torn down
+                import torch.distributed as dist
+
+                dist.barrier()
+                dist.destroy_process_group()
+            return rc
         return args.func(args)
     except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError, ImportError, NotImplementedError) as exc:
         print(f"repcap: error: {exc}", file=sys.stderr)

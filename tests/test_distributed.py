@@ -141,9 +141,14 @@ def _worker(rank, world, store, name, out_dir):
         result = _case(name, rank)
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         result = {"error": f"{type(exc).__name__}: {exc}"}
+    torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+    try:
+        dist.barrier()  # every rank is done with the group before any tears it down
     finally:
         dist.destroy_process_group()
-    torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+    # Gloo's worker threads can abort the interpreter's own teardown (seen once in CI as SIGABRT,
+    # "terminate called without an active exception"); the result is saved: leave at once.
+    os._exit(0)
 
 
 def run_distributed(name, world, tmp_path):
