@@ -19,7 +19,6 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from typing import Dict, List, Optional, Sequence
 

@@ -370,3 +370,45 @@ def test_ops_take_tensors_that_require_grad():
     inv = 1 / x.detach().norm(dim=1)
     moments, counts, _ = torch.ops.repcap_fast.pairwise_cosine_stats(x, inv, None, None, 16, -1.0, 1.0, 0)
     assert int(counts[0]) == 300 * 299 // 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("p", [1, 2, 7, 20])
+@pytest.mark.parametrize("blocks", [[(0, 1), (1, 600)], [(0, 257), (257, 513), (513, 600)], [(123, 124), (0, 600)]])
+def test_row_blocks_against_all_rows_match_the_reference(blocks, p, dtype):
+    """gram_offdiag_penalty_rows (a row block against all k rows, the diagonal at row_offset) and
+    rows_loss_and_grad: blocks of odd sizes, one row, tiles crossed; against the float64 reference."""
+    from repcap_fast.penalty import rows_loss_and_grad
+
+    if "cpu" not in KERNEL_BACKENDS:
+        pytest.skip("the cpu kernel was not built")
+    X = random_x(600, 11, dtype)
+    ref_loss, ref_grad = reference64(X, p, True)
+    tol = 1e-10 if dtype == torch.float64 else 2e-5
+    for start, stop in blocks:
+        loss, grad = rows_loss_and_grad(X, start, stop, p, backend="cpu")
+        ref_rows = ref_grad[start:stop]
+        assert grad.shape == (stop - start, 11) and grad.dtype == X.dtype
+        torch.testing.assert_close(grad.double(), ref_rows, rtol=tol, atol=tol * float(ref_grad.abs().max()))
+        assert loss.dtype == torch.float64 and 0 < float(loss) <= float(ref_loss) * (1 + tol)
+    if blocks[-1] == (513, 600):  # a partition of the rows: the parts sum to L
+        total = sum(float(rows_loss_and_grad(X, a, b, p, backend="cpu")[0]) for a, b in blocks)
+        assert total == pytest.approx(float(ref_loss), rel=tol)
+
+
+def test_row_block_arguments_are_checked():
+    from repcap_fast.penalty import rows_loss_and_grad
+
+    if "cpu" not in KERNEL_BACKENDS:
+        pytest.skip("the cpu kernel was not built")
+    X = random_x(20, 4)
+    for start, stop in [(5, 5), (-1, 3), (10, 21)]:
+        with pytest.raises(ValueError, match="row_start < row_stop"):
+            rows_loss_and_grad(X, start, stop, 4, backend="cpu")
+    with pytest.raises(ValueError, match="cpu and cuda backends"):
+        rows_loss_and_grad(X, 0, 5, 4, backend="torch")
+    with pytest.raises(RuntimeError, match="must lie in x's 20 rows"):
+        torch.ops.repcap_fast.gram_offdiag_penalty_rows(X[:10], X, 15, 4, True)
+    with pytest.raises(RuntimeError, match="share dtype"):
+        torch.ops.repcap_fast.gram_offdiag_penalty_rows(X[:10].double(), X, 0, 4, True)
+    torch.library.opcheck(torch.ops.repcap_fast.gram_offdiag_penalty_rows.default, (X[3:9].clone(), X, 3, 4, True))
