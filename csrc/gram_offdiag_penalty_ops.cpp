@@ -1,19 +1,21 @@
-// Torch bindings of gram_offdiag_penalty: dispatcher registration and the CPU and CUDA launchers.
-// A torch translation unit of its own (compiled in parallel with bindings.cpp); the kernels are
-// plain C++ (csrc/cpu) and CUDA (csrc/cuda).
+// Launchers of gram_offdiag_penalty (CPU and CUDA), registered for the op whose schema is in
+// csrc/module.cpp. The kernels are plain C++ (csrc/cpu) and CUDA (csrc/cuda), sharing the
+// elementwise weight and rescaling of csrc/gram_offdiag_penalty_epilogue.h.
 //
-// Op contract, for x (k x d, float32 or float64) and g = x xᵀ, never materialized:
-//   row_max[i] = m_i = max_{j≠i} |g_ij|                              (x.dtype, [k])
-//   row_sum[i] = s_i = Σ_{j≠i} (|g_ij|/m_i)^p                         (float64, [k])
-//   grad_dir[i] = Σ_{j≠i} sign(g_ij)(|g_ij|/m_i)^(p-1) x_j            (x.dtype, [k, d]; [0] when
+// Op contract, for the rows q (m x d) that are rows [row_offset, row_offset + m) of x (k x d,
+// float32 or float64), and g = q xᵀ, never materialized (i = row_offset + r is row r's own index):
+//   row_max[r] = m_r = max_{j≠i} |g_rj|                              (x.dtype, [m])
+//   row_sum[r] = s_r = Σ_{j≠i} (|g_rj|/m_r)^p                         (float64, [m])
+//   grad_dir[r] = Σ_{j≠i} sign(g_rj)(|g_rj|/m_r)^(p-1) x_j            (x.dtype, [m, d]; [0] when
 //                                                                      with_grad is false)
-// (rows with m_i = 0 give 0). The caller forms L = Σ_i m_i^p s_i and ∂L/∂x_i = 2p m_i^(p-1)
-// grad_dir_i in float64. Both launchers stream the Gram matrix in tiles with a running row
-// maximum (online rescaling): rows are independent, each visited in fixed column order.
-#include <torch/library.h>
+// (rows with m_r = 0 give 0). The square penalty of x is q = x, row_offset = 0. The caller forms
+// L = Σ_r m_r^p s_r and ∂L/∂x_i = 2p m_r^(p-1) grad_dir_r in float64. Both launchers stream the
+// Gram matrix in tiles with a running row maximum (online rescaling): rows are independent, each
+// visited in fixed column order.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <string>
@@ -22,6 +24,7 @@
 
 #include "cpu/gram_offdiag_penalty_cpu.h"
 #include "cpu/parallel_blocks.h"
+#include "kernel_settings.h"
 
 #ifdef REPCAP_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -34,23 +37,20 @@ namespace {
 
 using PenaltyTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
-void check_penalty_inputs(const at::Tensor& x, int64_t p) {
+void check_penalty_inputs(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p) {
   TORCH_CHECK(x.dim() == 2, "gram_offdiag_penalty: x must be 2-D (k x d), got ", x.dim(), "-D");
   TORCH_CHECK(x.size(0) >= 1 && x.size(1) >= 1, "gram_offdiag_penalty: x must be non-empty");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
               "gram_offdiag_penalty: x must be float32 or float64 (the public function converts "
               "16-bit inputs), got ", x.scalar_type());
-  TORCH_CHECK(p >= 1 && p <= (int64_t{1} << 30), "gram_offdiag_penalty: p must be in [1, 2^30], got ", p);
-}
-
-void check_rows_inputs(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p) {
-  check_penalty_inputs(x, p);
+  TORCH_CHECK(p >= 1 && p <= repcap::limits::kMaxPenaltyP, "gram_offdiag_penalty: p must be in [1, ",
+              repcap::limits::kMaxPenaltyP, "], got ", p);
   TORCH_CHECK(q.dim() == 2 && q.size(1) == x.size(1) && q.size(0) >= 1,
-              "gram_offdiag_penalty_rows: q must be m x d with m >= 1 and x's d = ", x.size(1));
+              "gram_offdiag_penalty: q must be m x d with m >= 1 and x's d = ", x.size(1));
   TORCH_CHECK(q.scalar_type() == x.scalar_type() && q.device() == x.device(),
-              "gram_offdiag_penalty_rows: q and x must share dtype and device");
+              "gram_offdiag_penalty: q and x must share dtype and device");
   TORCH_CHECK(row_offset >= 0 && row_offset + q.size(0) <= x.size(0),
-              "gram_offdiag_penalty_rows: rows [row_offset, row_offset + m) must lie in x's ", x.size(0),
+              "gram_offdiag_penalty: rows [row_offset, row_offset + m) must lie in x's ", x.size(0),
               " rows, got row_offset ", row_offset, " and m ", q.size(0));
 }
 
@@ -126,25 +126,15 @@ void gram_offdiag_penalty_cpu_impl(const at::Tensor& q, const at::Tensor& x, int
   TORCH_CHECK(error.empty(), "gram_offdiag_penalty (cpu): ", error);
 }
 
-PenaltyTuple gram_offdiag_penalty_cpu(const at::Tensor& x, int64_t p, bool with_grad) {
-  check_penalty_inputs(x, p);
+PenaltyTuple gram_offdiag_penalty_cpu(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p,
+                                      bool with_grad) {
+  check_penalty_inputs(q, x, row_offset, p);
   TORCH_CHECK(x.device().is_cpu(), "gram_offdiag_penalty (cpu): x must be a CPU tensor");
-  const at::Tensor xc = x.detach().contiguous();  // values only: this op has no autograd formula
-  PenaltyTuple out = make_penalty_outputs(xc, with_grad);
-  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_cpu", [&] {
-    gram_offdiag_penalty_cpu_impl<scalar_t>(xc, xc, 0, static_cast<int32_t>(p), with_grad, out);
-  });
-  return out;
-}
-
-PenaltyTuple gram_offdiag_penalty_rows_cpu(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p,
-                                           bool with_grad) {
-  check_rows_inputs(q, x, row_offset, p);
-  TORCH_CHECK(x.device().is_cpu(), "gram_offdiag_penalty_rows (cpu): x must be a CPU tensor");
-  const at::Tensor qc = q.detach().contiguous();
+  // Values only (this op has no autograd formula); q may be x itself.
   const at::Tensor xc = x.detach().contiguous();
+  const at::Tensor qc = q.is_same(x) ? xc : q.detach().contiguous();
   PenaltyTuple out = make_penalty_outputs(qc, with_grad);
-  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_rows_cpu", [&] {
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_cpu", [&] {
     gram_offdiag_penalty_cpu_impl<scalar_t>(qc, xc, row_offset, static_cast<int32_t>(p), with_grad, out);
   });
   return out;
@@ -152,8 +142,9 @@ PenaltyTuple gram_offdiag_penalty_rows_cpu(const at::Tensor& q, const at::Tensor
 
 #ifdef REPCAP_WITH_CUDA
 // CUDA: the same streaming over panels of up to 8192 x 8192 Gram entries (256 MB in float32):
-// G = X_I X_Jᵀ by cuBLAS (at::mm_out, on the current stream, following torch's float32 matmul
-// precision setting), the row epilogue kernel, then acc_I ← diag(beta)·acc_I + W X_J by cuBLAS.
+// G = X_I X_Jᵀ by cuBLAS (at::mm_out, on the current stream; float32 GEMMs follow torch's cuBLAS
+// float32 precision, which the Python launcher sets from the op's `precision` argument), the row
+// epilogue kernel, then acc_I ← diag(beta)·acc_I + W X_J by cuBLAS.
 // Extra memory: one panel and a beta vector.
 constexpr int64_t kCudaPanel = 8192;
 
@@ -180,7 +171,7 @@ void gram_offdiag_penalty_cuda_impl(const at::Tensor& q, const at::Tensor& x, in
       const at::Tensor x_cols = x.narrow(0, col0, cols);
       at::Tensor g = scratch.narrow(0, 0, rows * cols).view({rows, cols});
       at::mm_out(g, x_rows, x_cols.t());
-      const char* err = repcap::cuda::gram_offdiag_penalty_rows_cuda(
+      const char* err = repcap::cuda::gram_offdiag_penalty_epilogue_cuda(
           g.data_ptr<T>(), cols, rows, cols, row_offset + row0, col0, p, row_max.data_ptr<T>() + row0,
           row_sum.data_ptr<double>() + row0, beta_rows.data_ptr<T>(), with_grad, stream);
       TORCH_CHECK(err == nullptr, "gram_offdiag_penalty (cuda): ", err ? err : "");
@@ -191,27 +182,15 @@ void gram_offdiag_penalty_cuda_impl(const at::Tensor& q, const at::Tensor& x, in
   }
 }
 
-PenaltyTuple gram_offdiag_penalty_cuda(const at::Tensor& x, int64_t p, bool with_grad) {
-  check_penalty_inputs(x, p);
+PenaltyTuple gram_offdiag_penalty_cuda(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p,
+                                       bool with_grad) {
+  check_penalty_inputs(q, x, row_offset, p);
   TORCH_CHECK(x.is_cuda(), "gram_offdiag_penalty (cuda): x must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor xc = x.detach().contiguous();  // values only: this op has no autograd formula
-  PenaltyTuple out = make_penalty_outputs(xc, with_grad);
-  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_cuda", [&] {
-    gram_offdiag_penalty_cuda_impl<scalar_t>(xc, xc, 0, static_cast<int32_t>(p), with_grad, out);
-  });
-  return out;
-}
-
-PenaltyTuple gram_offdiag_penalty_rows_cuda(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p,
-                                            bool with_grad) {
-  check_rows_inputs(q, x, row_offset, p);
-  TORCH_CHECK(x.is_cuda(), "gram_offdiag_penalty_rows (cuda): x must be a CUDA tensor");
-  const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor qc = q.detach().contiguous();
   const at::Tensor xc = x.detach().contiguous();
+  const at::Tensor qc = q.is_same(x) ? xc : q.detach().contiguous();
   PenaltyTuple out = make_penalty_outputs(qc, with_grad);
-  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_rows_cuda", [&] {
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_cuda", [&] {
     gram_offdiag_penalty_cuda_impl<scalar_t>(qc, xc, row_offset, static_cast<int32_t>(p), with_grad, out);
   });
   return out;
@@ -220,19 +199,12 @@ PenaltyTuple gram_offdiag_penalty_rows_cuda(const at::Tensor& q, const at::Tenso
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(repcap_fast, m) {
-  m.def("gram_offdiag_penalty(Tensor x, int p, bool with_grad) -> (Tensor, Tensor, Tensor)");
-  m.def("gram_offdiag_penalty_rows(Tensor q, Tensor x, int row_offset, int p, bool with_grad) -> (Tensor, Tensor, Tensor)");
-}
-
 TORCH_LIBRARY_IMPL(repcap_fast, CPU, m) {
   m.impl("gram_offdiag_penalty", &gram_offdiag_penalty_cpu);
-  m.impl("gram_offdiag_penalty_rows", &gram_offdiag_penalty_rows_cpu);
 }
 
 #ifdef REPCAP_WITH_CUDA
 TORCH_LIBRARY_IMPL(repcap_fast, CUDA, m) {
   m.impl("gram_offdiag_penalty", &gram_offdiag_penalty_cuda);
-  m.impl("gram_offdiag_penalty_rows", &gram_offdiag_penalty_rows_cuda);
 }
 #endif

@@ -1,7 +1,7 @@
-// Torch bindings of subspace PGA's fused kernel (CPU and CUDA): projection, pair-distance keys,
-// radix sort, tie-aware ranks and their correlation. A translation unit of its own; the kernel
-// math is plain C++ (csrc/cpu/subspace_pga_cpu.*) and CUDA (csrc/cuda/subspace_pga.cu), sharing
-// csrc/subspace_pga_epilogue.h.
+// Launchers of subspace PGA's fused kernel (CPU and CUDA), registered for the ops whose schemas
+// are in csrc/module.cpp: projection, pair-distance keys, radix sort, tie-aware ranks and their
+// correlation. The kernel math is plain C++ (csrc/cpu/subspace_pga_cpu.*) and CUDA
+// (csrc/cuda/subspace_pga_cuda.cu), sharing csrc/subspace_pga_epilogue.h.
 //
 // Ops, for x (N×d, float32 or float64, rows nonzero) and n = N(N−1)/2 pairs in SciPy's condensed
 // order:
@@ -10,10 +10,10 @@
 //     Spearman's ρ between ref_ranks and the ranks of the cosine distances of the rows of x·B_b
 //     (NaN where a projected row is 0 or all distances are equal, for the caller to tell apart).
 // Distances are clamped to [0, 2], as scipy.spatial.distance.pdist(·, "cosine") does.
-#include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +24,7 @@
 
 #include "cpu/parallel_blocks.h"
 #include "cpu/subspace_pga_cpu.h"
+#include "kernel_settings.h"
 
 #ifdef REPCAP_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -34,16 +35,16 @@
 
 namespace {
 
-constexpr int64_t kMaxTokens = 92681;      // N(N−1)/2 < 2^32: pair indices fit uint32
-constexpr int64_t kMaxTokensRhos = 65536;  // 2·N(N−1)/2 < 2^32: twice the ranks fit uint32
+using repcap::limits::kMaxPgaRankTokens;  // N(N−1)/2 < 2^32: pair indices fit uint32
+using repcap::limits::kMaxPgaTokens;      // 2·N(N−1)/2 < 2^32: twice the ranks fit uint32
 constexpr int64_t kTileRows = 256;
 
 void check_x(const at::Tensor& x, const char* op) {
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 2 && x.size(1) >= 1, op, ": x must be N×d with N >= 2");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, op,
               ": x must be float32 or float64");
-  TORCH_CHECK(x.size(0) <= kMaxTokens, op, ": at most ", kMaxTokens, " tokens (pair indices are 32-bit), got ",
-              x.size(0));
+  TORCH_CHECK(x.size(0) <= kMaxPgaRankTokens, op, ": at most ", kMaxPgaRankTokens,
+              " tokens (pair indices are 32-bit), got ", x.size(0));
 }
 
 // The checks of subspace_pga_rhos that do not depend on the device; returns n.
@@ -58,7 +59,7 @@ int64_t check_rhos_inputs(const at::Tensor& x, const at::Tensor& bases, const at
               "subspace_pga_rhos: ref_ranks must be float64 of length N(N−1)/2 = ", n);
   TORCH_CHECK(bases.device() == x.device() && ref_ranks.device() == x.device(),
               "subspace_pga_rhos: x, bases and ref_ranks must be on one device");
-  TORCH_CHECK(n_tokens <= kMaxTokensRhos, "subspace_pga_rhos: at most ", kMaxTokensRhos,
+  TORCH_CHECK(n_tokens <= kMaxPgaTokens, "subspace_pga_rhos: at most ", kMaxPgaTokens,
               " tokens (twice the ranks are carried as 32-bit integers), got ", n_tokens);
   return n;
 }
@@ -226,8 +227,9 @@ at::Tensor subspace_pga_rhos_cpu(const at::Tensor& x_in, const at::Tensor& bases
 }
 
 #ifdef REPCAP_WITH_CUDA
-// CUDA: per batch of B subspaces, the projections x·B_b by cuBLAS (on the current stream,
-// following torch's float32 matmul precision), row norms, then the fused
+// CUDA: per batch of B subspaces, the projections x·B_b by cuBLAS (on the current stream; float32
+// GEMMs follow torch's cuBLAS float32 precision, which the Python launcher sets from the op's
+// `precision` argument), row norms, then the fused
 // normalization + distance-key kernel for all B, one CUB radix sort per subspace, and the fused
 // rank + correlation pass. Memory: (key + 4 B) per pair per subspace, plus one shared sort
 // scratch of (key + 4 B) per pair and 4 B per pair of twice the reference ranks.
@@ -373,11 +375,6 @@ at::Tensor subspace_pga_rhos_cuda(const at::Tensor& x_in, const at::Tensor& base
 #endif
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(repcap_fast, m) {
-  m.def("subspace_pga_ranks(Tensor x) -> Tensor");
-  m.def("subspace_pga_rhos(Tensor x, Tensor bases, Tensor ref_ranks) -> Tensor");
-}
 
 TORCH_LIBRARY_IMPL(repcap_fast, CPU, m) {
   m.impl("subspace_pga_ranks", &subspace_pga_ranks_cpu);

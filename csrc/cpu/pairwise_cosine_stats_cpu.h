@@ -1,5 +1,5 @@
 // C++ CPU kernel of pairwise_cosine_stats: the fused epilogue over tiles of dot products.
-// Plain C++ (no torch headers); the tile GEMMs are done by the caller (csrc/bindings.cpp, BLAS).
+// Plain C++ (no torch headers); the tile GEMMs are done by the caller (csrc/pairwise_cosine_stats_ops.cpp, BLAS).
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -16,14 +16,14 @@ namespace cuda {
 // beta[r] = (m_old/m_new)^(p-1), the factor for the row's accumulated gradient direction;
 // when write_weights, g[r][c] ← sign(g)·(|g|/m_new)^(p-1). One block per row, fixed-order
 // reductions (deterministic). Returns nullptr on success, else a static error message.
-const char* gram_offdiag_penalty_rows_cuda(float* g, int64_t ld, int64_t rows, int64_t cols,
-                                           int64_t row0, int64_t col0, int32_t p, float* row_max,
-                                           double* row_sum, float* beta, bool write_weights,
-                                           cudaStream_t stream);
-const char* gram_offdiag_penalty_rows_cuda(double* g, int64_t ld, int64_t rows, int64_t cols,
-                                           int64_t row0, int64_t col0, int32_t p, double* row_max,
-                                           double* row_sum, double* beta, bool write_weights,
-                                           cudaStream_t stream);
+const char* gram_offdiag_penalty_epilogue_cuda(float* g, int64_t ld, int64_t rows, int64_t cols,
+                                              int64_t row0, int64_t col0, int32_t p, float* row_max,
+                                              double* row_sum, float* beta, bool write_weights,
+                                              cudaStream_t stream);
+const char* gram_offdiag_penalty_epilogue_cuda(double* g, int64_t ld, int64_t rows, int64_t cols,
+                                              int64_t row0, int64_t col0, int32_t p, double* row_max,
+                                              double* row_sum, double* beta, bool write_weights,
+                                              cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace repcap

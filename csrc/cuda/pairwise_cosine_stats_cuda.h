@@ -1,7 +1,9 @@
-// CUDA launcher interface of pairwise_cosine_stats (no torch headers; bound in csrc/bindings.cpp).
+// CUDA launcher interface of pairwise_cosine_stats (no torch headers; driven by
+// csrc/pairwise_cosine_stats_ops.cpp).
 #pragma once
 #include <cstdint>
 
+#include "../kernel_settings.h"
 #include "../pairwise_cosine_stats_epilogue.h"
 
 typedef struct CUstream_st* cudaStream_t;
@@ -10,12 +12,6 @@ namespace repcap {
 namespace cuda {
 
 enum class InputType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
-
-// How the dot products of a tile are formed.
-//  kExactFP32: float32 inputs, float32 FMA (no tensor cores).
-//  kTF32:      float32 inputs rounded to tf32 on tensor cores, float32 accumulate.
-//  kNative16:  bf16/fp16 inputs on tensor cores, exact products, float32 accumulate.
-enum class MathMode : int { kExactFP32 = 0, kTF32 = 1, kNative16 = 2 };
 
 struct PairwiseCosineStatsArgs {
   const void* a;              // m x d, row-major, contiguous, of `type`
@@ -27,7 +23,9 @@ struct PairwiseCosineStatsArgs {
   int64_t d;
   bool self_pairs;            // true: pairs i<j of a (upper triangle); false: all m*n pairs
   InputType type;
-  MathMode math;
+  // float32 inputs: kHighest (float32 FMA, no tensor cores) or kTF32 (tensor cores). bf16/fp16
+  // inputs always run on tensor cores with exact products and float32 accumulation.
+  Precision precision;
   HistogramSpec hist;
   int num_blocks;             // from pairwise_cosine_stats_cuda_num_blocks
   // Per-block partials, each block writes only its own slot (no float atomics across blocks):

@@ -94,17 +94,17 @@ const char* launch(T* g, int64_t ld, int64_t rows, int64_t cols, int64_t row0, i
 
 }  // namespace
 
-const char* gram_offdiag_penalty_rows_cuda(float* g, int64_t ld, int64_t rows, int64_t cols,
-                                           int64_t row0, int64_t col0, int32_t p, float* row_max,
-                                           double* row_sum, float* beta, bool write_weights,
-                                           cudaStream_t stream) {
+const char* gram_offdiag_penalty_epilogue_cuda(float* g, int64_t ld, int64_t rows, int64_t cols,
+                                              int64_t row0, int64_t col0, int32_t p, float* row_max,
+                                              double* row_sum, float* beta, bool write_weights,
+                                              cudaStream_t stream) {
   return launch(g, ld, rows, cols, row0, col0, p, row_max, row_sum, beta, write_weights, stream);
 }
 
-const char* gram_offdiag_penalty_rows_cuda(double* g, int64_t ld, int64_t rows, int64_t cols,
-                                           int64_t row0, int64_t col0, int32_t p, double* row_max,
-                                           double* row_sum, double* beta, bool write_weights,
-                                           cudaStream_t stream) {
+const char* gram_offdiag_penalty_epilogue_cuda(double* g, int64_t ld, int64_t rows, int64_t cols,
+                                              int64_t row0, int64_t col0, int32_t p, double* row_max,
+                                              double* row_sum, double* beta, bool write_weights,
+                                              cudaStream_t stream) {
   return launch(g, ld, rows, cols, row0, col0, p, row_max, row_sum, beta, write_weights, stream);
 }
 

@@ -616,15 +616,15 @@ __global__ void __launch_bounds__(kThreads, 2) pairwise_cosine_stats_kernel(cons
 enum class KernelKind { kSimt, kTF32, kBFloat16, kFloat16, kUnsupported };
 
 KernelKind kernel_kind(const PairwiseCosineStatsArgs& args) {
-  switch (args.math) {
-    case MathMode::kExactFP32:
-      return args.type == InputType::kFloat32 ? KernelKind::kSimt : KernelKind::kUnsupported;
-    case MathMode::kTF32:
-      return args.type == InputType::kFloat32 ? KernelKind::kTF32 : KernelKind::kUnsupported;
-    case MathMode::kNative16:
-      if (args.type == InputType::kBFloat16) return KernelKind::kBFloat16;
-      if (args.type == InputType::kFloat16) return KernelKind::kFloat16;
+  switch (args.type) {
+    case InputType::kFloat32:
+      if (args.precision == Precision::kHighest) return KernelKind::kSimt;
+      if (args.precision == Precision::kTF32) return KernelKind::kTF32;
       return KernelKind::kUnsupported;
+    case InputType::kBFloat16:
+      return KernelKind::kBFloat16;
+    case InputType::kFloat16:
+      return KernelKind::kFloat16;
   }
   return KernelKind::kUnsupported;
 }
@@ -689,8 +689,8 @@ int pairwise_cosine_stats_cuda_num_blocks(const PairwiseCosineStatsArgs& args, i
 const char* pairwise_cosine_stats_cuda(const PairwiseCosineStatsArgs& args) {
   const KernelKind kind = kernel_kind(args);
   if (kind == KernelKind::kUnsupported) {
-    return "pairwise_cosine_stats_cuda: unsupported math/type: kExactFP32 and kTF32 take float32, "
-           "kNative16 takes bfloat16 or float16";
+    return "pairwise_cosine_stats_cuda: unsupported type/precision: float32, bfloat16 or float16 inputs, "
+           "precision kHighest or kTF32";
   }
   if (args.d < 1) return "pairwise_cosine_stats_cuda: d must be >= 1";
   if (args.m < 0 || args.n < 0) return "pairwise_cosine_stats_cuda: m and n must be >= 0";
@@ -738,7 +738,7 @@ const char* pairwise_cosine_stats_cuda(const PairwiseCosineStatsArgs& args) {
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     if (err != cudaSuccess) return cudaGetErrorString(err);
     if (major < 8) {
-      return "pairwise_cosine_stats_cuda: kTF32 and kNative16 need compute capability 8.0 or newer";
+      return "pairwise_cosine_stats_cuda: tensor-core kernels (tf32, bf16, fp16) need compute capability 8.0 or newer";
     }
   }
 

@@ -1,7 +1,9 @@
-// Torch bindings of repcap_fast._C: dispatcher registration and backend launchers.
-// The only translation unit that includes torch headers; kernels live in plain C++/CUDA files.
-#include <torch/extension.h>
-#include <torch/version.h>
+// Launchers of pairwise_cosine_stats (CPU and CUDA), registered for the op whose schema is in
+// csrc/module.cpp. The kernels are plain C++ (csrc/cpu) and CUDA (csrc/cuda), sharing the tile
+// epilogue csrc/pairwise_cosine_stats_epilogue.h.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,9 +14,8 @@
 
 #include "cpu/pairwise_cosine_stats_cpu.h"
 #include "cpu/parallel_blocks.h"
-#include "gram_offdiag_penalty_epilogue.h"
+#include "kernel_settings.h"
 #include "pairwise_cosine_stats_epilogue.h"
-#include "subspace_pga_epilogue.h"
 
 #ifdef REPCAP_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -49,7 +50,7 @@ StatsTuple make_outputs(const repcap::CosinePartial& total, int64_t pairs, int64
 
 void check_inputs(const at::Tensor& a, const at::Tensor& a_inv_norm,
                   const c10::optional<at::Tensor>& b, const c10::optional<at::Tensor>& b_inv_norm,
-                  int64_t bins, double lo, double hi) {
+                  int64_t bins, double lo, double hi, int64_t precision) {
   TORCH_CHECK(a.dim() == 2, "pairwise_cosine_stats: a must be 2-D, got ", a.dim(), "-D");
   TORCH_CHECK(a.size(0) >= 1 && a.size(1) >= 1, "pairwise_cosine_stats: a must be non-empty");
   TORCH_CHECK(a_inv_norm.dim() == 1 && a_inv_norm.size(0) == a.size(0) &&
@@ -69,8 +70,11 @@ void check_inputs(const at::Tensor& a, const at::Tensor& a_inv_norm,
     TORCH_CHECK(b_inv_norm->device() == a.device(), "pairwise_cosine_stats: b_inv_norm is not on a's device");
   }
   TORCH_CHECK(a_inv_norm.device() == a.device(), "pairwise_cosine_stats: a_inv_norm is not on a's device");
-  TORCH_CHECK(bins >= 1 && bins <= (1 << 16), "pairwise_cosine_stats: bins must be in [1, 65536]");
+  TORCH_CHECK(bins >= 1 && bins <= repcap::limits::kMaxHistogramBins, "pairwise_cosine_stats: bins must be in [1, ",
+              repcap::limits::kMaxHistogramBins, "], got ", bins);
   TORCH_CHECK(lo < hi, "pairwise_cosine_stats: histogram range needs lo < hi");
+  TORCH_CHECK(precision >= 0 && precision < repcap::kPrecisionCount, "pairwise_cosine_stats: unknown precision code ",
+              precision);
 }
 
 int64_t pair_count(int64_t m, int64_t n, bool self_pairs) {
@@ -84,9 +88,9 @@ int64_t pair_count(int64_t m, int64_t n, bool self_pairs) {
 StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_inv_norm,
                                      const c10::optional<at::Tensor>& b,
                                      const c10::optional<at::Tensor>& b_inv_norm, int64_t bins,
-                                     double lo, double hi, int64_t math_mode) {
-  check_inputs(a, a_inv_norm, b, b_inv_norm, bins, lo, hi);
-  (void)math_mode;  // CPU always forms dot products in float32.
+                                     double lo, double hi, int64_t precision) {
+  check_inputs(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision);
+  // The CPU forms float32 dot products with float32 FMA whatever the precision (no TF32 there).
   const bool self_pairs = !b.has_value();
   // Values only (this op has no autograd formula; out= GEMMs refuse inputs that require grad).
   const at::Tensor a32 = a.detach().to(at::kFloat).contiguous();
@@ -146,26 +150,21 @@ StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_in
 StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_inv_norm,
                                       const c10::optional<at::Tensor>& b,
                                       const c10::optional<at::Tensor>& b_inv_norm, int64_t bins,
-                                      double lo, double hi, int64_t math_mode) {
-  check_inputs(a, a_inv_norm, b, b_inv_norm, bins, lo, hi);
+                                      double lo, double hi, int64_t precision) {
+  check_inputs(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision);
   const c10::cuda::CUDAGuard guard(a.device());
   const bool self_pairs = !b.has_value();
   using repcap::cuda::InputType;
-  using repcap::cuda::MathMode;
   InputType type;
-  MathMode math;
   switch (a.scalar_type()) {
     case at::kFloat:
       type = InputType::kFloat32;
-      math = math_mode == 1 ? MathMode::kTF32 : MathMode::kExactFP32;
       break;
     case at::kBFloat16:
       type = InputType::kBFloat16;
-      math = MathMode::kNative16;
       break;
     case at::kHalf:
       type = InputType::kFloat16;
-      math = MathMode::kNative16;
       break;
     default:
       TORCH_CHECK(false, "pairwise_cosine_stats (cuda): a must be float32, bfloat16 or float16");
@@ -185,7 +184,7 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
   args.d = ac.size(1);
   args.self_pairs = self_pairs;
   args.type = type;
-  args.math = math;
+  args.precision = static_cast<repcap::Precision>(precision);
   args.hist = repcap::make_histogram_spec(static_cast<float>(lo), static_cast<float>(hi),
                                           static_cast<int32_t>(bins));
   int sm_count = 0;
@@ -245,12 +244,6 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
 
 }  // namespace
 
-TORCH_LIBRARY(repcap_fast, m) {
-  m.def(
-      "pairwise_cosine_stats(Tensor a, Tensor a_inv_norm, Tensor? b, Tensor? b_inv_norm, "
-      "int bins, float lo, float hi, int math_mode) -> (Tensor, Tensor, Tensor)");
-}
-
 TORCH_LIBRARY_IMPL(repcap_fast, CPU, m) {
   m.impl("pairwise_cosine_stats", &pairwise_cosine_stats_cpu);
 }
@@ -260,75 +253,3 @@ TORCH_LIBRARY_IMPL(repcap_fast, CUDA, m) {
   m.impl("pairwise_cosine_stats", &pairwise_cosine_stats_cuda);
 }
 #endif
-
-namespace {
-py::dict build_info() {
-  py::dict info;
-#ifdef REPCAP_WITH_CUDA
-  info["cuda"] = true;
-#else
-  info["cuda"] = false;
-#endif
-#ifdef _OPENMP
-  info["openmp"] = true;
-#else
-  info["openmp"] = false;
-#endif
-#ifdef REPCAP_CUDA_ARCH_LIST
-  info["cuda_arch_list"] = REPCAP_CUDA_ARCH_LIST;
-#else
-  info["cuda_arch_list"] = "";
-#endif
-  info["torch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." +
-                         std::to_string(TORCH_VERSION_MINOR) + "." +
-                         std::to_string(TORCH_VERSION_PATCH);
-  return info;
-}
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "repcap_fast compiled kernels (ops are registered as torch.ops.repcap_fast.*)";
-  m.def("build_info", &build_info, "What this build of repcap_fast._C contains.");
-  // Test hooks: the shared host/device epilogue functions, called from the CPU build.
-  m.def("_upper_tile_coords", [](int64_t t, int64_t nb) {
-    int64_t bi = 0, bj = 0;
-    repcap::upper_tile_coords(t, nb, &bi, &bj);
-    return std::make_tuple(bi, bj);
-  });
-  m.def("_histogram_bin", [](float c, float lo, float hi, int32_t bins) {
-    return repcap::histogram_bin(c, repcap::make_histogram_spec(lo, hi, bins));
-  });
-  m.def("_cosine_from_dot", &repcap::cosine_from_dot);
-  // (term, weight) = (r^p, sign(g)·r^(p-1)), r = min(|g|·inv_max, 1), in float32 and float64.
-  m.def("_penalty_term_f32", [](float g, float inv_max, int32_t p) {
-    const auto t = repcap::penalty_term(g, inv_max, p);
-    return std::make_tuple(t.term, t.weight);
-  });
-  m.def("_penalty_term_f64", [](double g, double inv_max, int32_t p) {
-    const auto t = repcap::penalty_term(g, inv_max, p);
-    return std::make_tuple(t.term, t.weight);
-  });
-  // Subspace PGA: the key map, the run search and the per-position rank pass of the CUDA kernel.
-  m.def("_sortable_key_f32", [](float v) { return repcap::sortable_key(v); });
-  m.def("_sortable_key_f64", [](double v) { return repcap::sortable_key(v); });
-  m.def("_run_bounds", [](const std::vector<uint64_t>& sorted, int64_t t) {
-    TORCH_CHECK(t >= 0 && t < static_cast<int64_t>(sorted.size()), "_run_bounds: t out of range");
-    return std::make_tuple(repcap::run_start(sorted.data(), t),
-                           repcap::run_end(sorted.data(), static_cast<int64_t>(sorted.size()), t));
-  });
-  m.def("_rank_correlation_sorted", [](const std::vector<uint64_t>& sorted, const std::vector<uint32_t>& twice_ref,
-                                       double ref_sum_sq) {
-    const int64_t n = static_cast<int64_t>(sorted.size());
-    TORCH_CHECK(twice_ref.size() == sorted.size(), "_rank_correlation_sorted: sizes differ");
-    repcap::RankCorrelationPartial partial{0.0, 0.0};
-    const double mean = 0.5 * static_cast<double>(n + 1);
-    for (int64_t t = 0; t < n; ++t) {
-      repcap::add_rank_pair(&partial, repcap::average_rank_at(sorted.data(), n, t), twice_ref[t], mean);
-    }
-    return std::make_tuple(partial.cross, partial.sum_sq, repcap::rank_correlation(partial, ref_sum_sq));
-  });
-  m.def("_penalty_rescale_f64", [](double m_old, double m_new, int32_t p) {
-    const auto r = repcap::penalty_rescale(m_old, m_new, p);
-    return std::make_tuple(r.inv_max, r.alpha, r.beta);
-  });
-}

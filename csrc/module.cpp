@@ -1,0 +1,131 @@
+// repcap_fast._C: the pybind11 module (build information, the kernels' limits and the test hooks
+// of the shared host/device headers) and the schema of every op, registered with the PyTorch
+// dispatcher in this one place. Each op's CPU and CUDA launchers live in csrc/<op>_ops.cpp
+// (TORCH_LIBRARY_IMPL); its kernels in csrc/cpu and csrc/cuda; its fake (meta) kernel in
+// repcap_fast/_ops.py.
+#include <torch/extension.h>
+#include <torch/version.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gram_offdiag_penalty_epilogue.h"
+#include "kernel_settings.h"
+#include "pairwise_cosine_stats_epilogue.h"
+#include "subspace_pga_epilogue.h"
+
+// Op contracts (inputs are validated by the public functions; the launchers check them again):
+//
+// pairwise_cosine_stats(a m×d, a_inv_norm float32[m], b n×d?, b_inv_norm float32[n]?, bins,
+//     lo, hi, precision) -> (moments float64[4] = Σc, Σc², min c, max c;
+//                            counts int64[3] = pairs, below lo, above hi; hist int64[bins])
+//   over c_ij = clamp(a_i·b_j·inv_a_i·inv_b_j, −1, 1), pairs i<j of a (b absent) or all i, j.
+//
+// gram_offdiag_penalty(q m×d, x k×d, row_offset, p, with_grad) -> (row_max [m] x.dtype,
+//     row_sum float64[m], grad_dir [m, d] or [0])
+//   for the rows q_r = x_{row_offset + r} against all rows of x, g = q xᵀ never materialized:
+//   row_max_r = max_{j≠i} |g_rj|, row_sum_r = Σ_{j≠i} (|g_rj|/row_max_r)^p,
+//   grad_dir_r = Σ_{j≠i} sign(g_rj)(|g_rj|/row_max_r)^(p−1) x_j, with i = row_offset + r.
+//   The square penalty of x is q = x, row_offset = 0.
+//
+// subspace_pga_ranks(x N×d) -> float64[N(N−1)/2]: average ranks of the cosine distances of x's
+//   rows, pairs in SciPy's condensed order.
+// subspace_pga_rhos(x N×d, bases B×d×k, ref_ranks float64[N(N−1)/2]) -> float64[B]: Spearman's
+//   ρ of ref_ranks against the ranks of the distances of x·bases[b] (NaN: a zero projected row
+//   or all distances equal).
+TORCH_LIBRARY(repcap_fast, m) {
+  m.def(
+      "pairwise_cosine_stats(Tensor a, Tensor a_inv_norm, Tensor? b, Tensor? b_inv_norm, "
+      "int bins, float lo, float hi, int precision) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "gram_offdiag_penalty(Tensor q, Tensor x, int row_offset, int p, bool with_grad) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def("subspace_pga_ranks(Tensor x) -> Tensor");
+  m.def("subspace_pga_rhos(Tensor x, Tensor bases, Tensor ref_ranks) -> Tensor");
+}
+
+namespace {
+
+py::dict build_info() {
+  py::dict info;
+#ifdef REPCAP_WITH_CUDA
+  info["cuda"] = true;
+#else
+  info["cuda"] = false;
+#endif
+#ifdef _OPENMP
+  info["openmp"] = true;
+#else
+  info["openmp"] = false;
+#endif
+#ifdef REPCAP_CUDA_ARCH_LIST
+  info["cuda_arch_list"] = REPCAP_CUDA_ARCH_LIST;
+#else
+  info["cuda_arch_list"] = "";
+#endif
+  info["torch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                          std::to_string(TORCH_VERSION_PATCH);
+  py::dict limits;
+  limits["histogram_bins"] = repcap::limits::kMaxHistogramBins;
+  limits["pga_rank_tokens"] = repcap::limits::kMaxPgaRankTokens;
+  limits["pga_tokens"] = repcap::limits::kMaxPgaTokens;
+  limits["penalty_p"] = repcap::limits::kMaxPenaltyP;
+  info["limits"] = limits;
+  py::dict precisions;  // the `precision` argument's codes
+  precisions["highest"] = static_cast<int32_t>(repcap::Precision::kHighest);
+  precisions["tf32"] = static_cast<int32_t>(repcap::Precision::kTF32);
+  info["precisions"] = precisions;
+  return info;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "repcap_fast compiled kernels (ops are registered as torch.ops.repcap_fast.*)";
+  m.def("build_info", &build_info, "What this build of repcap_fast._C contains, and the kernels' limits.");
+
+  // Test hooks: the shared host/device functions, called from the CPU build (the CUDA kernels
+  // run exactly these).
+  m.def("_upper_tile_coords", [](int64_t t, int64_t nb) {
+    int64_t bi = 0, bj = 0;
+    repcap::upper_tile_coords(t, nb, &bi, &bj);
+    return std::make_tuple(bi, bj);
+  });
+  m.def("_histogram_bin", [](float c, float lo, float hi, int32_t bins) {
+    return repcap::histogram_bin(c, repcap::make_histogram_spec(lo, hi, bins));
+  });
+  m.def("_cosine_from_dot", &repcap::cosine_from_dot);
+  // (term, weight) = (r^p, sign(g)·r^(p-1)), r = min(|g|·inv_max, 1), in float32 and float64.
+  m.def("_penalty_term_f32", [](float g, float inv_max, int32_t p) {
+    const auto t = repcap::penalty_term(g, inv_max, p);
+    return std::make_tuple(t.term, t.weight);
+  });
+  m.def("_penalty_term_f64", [](double g, double inv_max, int32_t p) {
+    const auto t = repcap::penalty_term(g, inv_max, p);
+    return std::make_tuple(t.term, t.weight);
+  });
+  m.def("_penalty_rescale_f64", [](double m_old, double m_new, int32_t p) {
+    const auto r = repcap::penalty_rescale(m_old, m_new, p);
+    return std::make_tuple(r.inv_max, r.alpha, r.beta);
+  });
+  // Subspace PGA: the key map, the run search and the per-position rank pass of the CUDA kernel.
+  m.def("_sortable_key_f32", [](float v) { return repcap::sortable_key(v); });
+  m.def("_sortable_key_f64", [](double v) { return repcap::sortable_key(v); });
+  m.def("_run_bounds", [](const std::vector<uint64_t>& sorted, int64_t t) {
+    TORCH_CHECK(t >= 0 && t < static_cast<int64_t>(sorted.size()), "_run_bounds: t out of range");
+    return std::make_tuple(repcap::run_start(sorted.data(), t),
+                           repcap::run_end(sorted.data(), static_cast<int64_t>(sorted.size()), t));
+  });
+  m.def("_rank_correlation_sorted",
+        [](const std::vector<uint64_t>& sorted, const std::vector<uint32_t>& twice_ref, double ref_sum_sq) {
+          const int64_t n = static_cast<int64_t>(sorted.size());
+          TORCH_CHECK(twice_ref.size() == sorted.size(), "_rank_correlation_sorted: sizes differ");
+          repcap::RankCorrelationPartial partial{0.0, 0.0};
+          const double mean = 0.5 * static_cast<double>(n + 1);
+          for (int64_t t = 0; t < n; ++t) {
+            repcap::add_rank_pair(&partial, repcap::average_rank_at(sorted.data(), n, t), twice_ref[t], mean);
+          }
+          return std::make_tuple(partial.cross, partial.sum_sq, repcap::rank_correlation(partial, ref_sum_sq));
+        });
+}
