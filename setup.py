@@ -13,13 +13,14 @@ Environment knobs:
 
 import glob
 import os
+import re
 import shutil
 
 from setuptools import setup
 
 try:
     import torch
-    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 except ImportError:
     raise SystemExit(
         "repcap_fast builds against the torch already installed, so it must be built without "
@@ -29,7 +30,6 @@ except ImportError:
     ) from None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VERSION = "0.1.0"
 DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
 
 
@@ -80,6 +80,9 @@ def _read(name):
         return f.read()
 
 
+VERSION = re.search(r'__version__ = "([^"]+)"', _read("repcap_fast/_version.py")).group(1)
+
+
 setup(
     name="repcap_fast",
     version=VERSION,
@@ -87,7 +90,7 @@ setup(
     long_description=_read("README.md"),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=["repcap_fast", "repcap_fast.triton_kernels"],
+    packages=["repcap_fast", "repcap_fast.models", "repcap_fast.ops", "repcap_fast.triton_kernels"],
     package_dir={"repcap_fast": "repcap_fast", "repcap_fast.triton_kernels": "triton_kernels"},
     package_data={"repcap_fast": ["data/*.txt.gz", "data/README.md"]},
     ext_modules=[_extension()],

@@ -3,40 +3,62 @@
 Representational capacity (ε = μ + 2σ of the pairwise cosines, capacity formulas), the packing
 simulation and Subspace PGA on C++ CPU, Triton and CUDA kernels; real models offline
 (`load_embeddings`, `hidden_states`) and the full report (`report.run_report`, `repcap report`).
-See README.md and DESIGN.md.
+The three ops are in repcap_fast.ops, one module each. See README.md and DESIGN.md.
 """
 
-__version__ = "0.1.0"
+import warnings as _warnings
 
-from . import _ops  # noqa: F401,E402  registers torch.ops.repcap_fast.* when _C is built
-from . import capacity, models, pga, report  # noqa: E402
-from ._backends import info  # noqa: E402
-from .penalty import gram_offdiag_max, gram_offdiag_penalty, gram_offdiag_rows  # noqa: E402
-from .models import hidden_states, load_embeddings  # noqa: E402
-from .cosine_stats import (  # noqa: E402
-    CosineMoments,
-    CosineStats,
-    cosine_moments,
-    epsilon,
-    pairwise_cosine_stats,
-    pairwise_cosine_stats_sharded,
+from . import (
+    _ops,  # noqa: F401  loads repcap_fast._C (the ops) and registers their fake kernels
+    capacity,
+    fitting,
+    models,
+    packing,
+    pga,
+    report,
 )
+from ._backends import info
+from ._version import __version__
+from .models import hidden_states, load_embeddings
+from .ops.gram_offdiag_penalty import (
+    gram_offdiag_max,
+    gram_offdiag_penalty,
+    gram_offdiag_penalty_block,
+    gram_offdiag_row_stats,
+)
+from .ops.pairwise_cosine_stats import CosineMoments, CosineStats, cosine_moments, epsilon, pairwise_cosine_stats
+from .ops.pairwise_cosine_stats_sharded import pairwise_cosine_stats_sharded
+from .ops.subspace_pga import PGAResult, subspace_pga
+
+
+def gram_offdiag_rows(*args, **kwargs):
+    """Deprecated alias of ``gram_offdiag_row_stats``; it will be removed in the next release."""
+    _warnings.warn("repcap_fast.gram_offdiag_rows is deprecated; use repcap_fast.gram_offdiag_row_stats",
+                   DeprecationWarning, stacklevel=2)
+    return gram_offdiag_row_stats(*args, **kwargs)
+
 
 __all__ = [
+    "__version__",
     "CosineMoments",
     "CosineStats",
+    "PGAResult",
     "capacity",
     "cosine_moments",
     "epsilon",
+    "fitting",
     "gram_offdiag_max",
     "gram_offdiag_penalty",
-    "gram_offdiag_rows",
+    "gram_offdiag_penalty_block",
+    "gram_offdiag_row_stats",
     "hidden_states",
     "info",
     "load_embeddings",
     "models",
-    "pga",
-    "report",
+    "packing",
     "pairwise_cosine_stats",
     "pairwise_cosine_stats_sharded",
+    "pga",
+    "report",
+    "subspace_pga",
 ]

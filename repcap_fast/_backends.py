@@ -1,25 +1,42 @@
-"""Backend discovery, selection and the ``info()`` report.
+"""The dispatch table ``KERNELS[op][backend]``, its one resolution rule, and ``info()``.
 
 Backends: ``cuda`` (C++/CUDA in repcap_fast._C), ``triton``, ``cpu`` (C++/OpenMP in _C) and
-``torch`` (the plain reference). ``backend="auto"`` picks the fastest built backend for the
-tensor's device; the environment variable ``REPCAP_BACKEND`` forces one in place of "auto".
+``torch`` (plain PyTorch: the reference). Each op module registers one launcher per backend with
+``register_kernel``; every launcher of an op takes the same arguments. ``backend="auto"`` picks,
+for the tensor's device, the first available backend of ``AUTO_ORDER`` (GPU: cuda, then triton,
+as measured on the H200 in bench/results/; CPU: the C++ kernel; the Triton interpreter is never
+picked automatically). The environment variable ``REPCAP_BACKEND`` forces one in place of "auto".
+
+Also here, because every op shares them: the kernels' limits and the ``precision`` setting (one
+name and one meaning in every op), both read from the compiled module, and the cuBLAS float32
+precision guard of the launchers that call cuBLAS.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import os
 import platform
 import warnings
-from typing import Optional
+from typing import Callable, Dict, Iterator, NamedTuple, Optional, Tuple
 
 import torch
+
+from ._version import __version__
 
 BACKENDS = ("cuda", "triton", "cpu", "torch")
 BACKEND_ENV = "REPCAP_BACKEND"
 OPS = ("pairwise_cosine_stats", "gram_offdiag_penalty", "subspace_pga")
-# Ops that do not have every backend yet: the ones they have (every op has all four today).
-OP_BACKENDS: dict = {}
+AUTO_ORDER = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpu", "torch")}
+# precision: how float32 dot products are formed, in every op. "highest": IEEE float32 products
+# and sums; "tf32": float32 inputs rounded to TF32 on GPU tensor cores (10-bit mantissa). 16-bit
+# inputs always use exact products with float32 sums, float64 inputs float64; the CPU has no TF32.
+PRECISIONS = ("highest", "tf32")
+
+# KERNELS[op][backend] -> the backend launcher of op (filled by the op modules at import).
+KERNELS: Dict[str, Dict[str, Callable]] = {op: {} for op in OPS}
 
 _BUILD_HINT = (
     "Build it with `pip install --no-build-isolation -e .` from the repcap_fast checkout "
@@ -31,6 +48,22 @@ _CUDA_BUILD_HINT = (
 )
 
 
+def register_kernel(op: str, *backends: str):
+    """Decorator: the launcher of `op` for each of `backends` in KERNELS."""
+    if op not in KERNELS:
+        raise KeyError(f"unknown op {op!r}; ops: {OPS}")
+
+    def register(launcher: Callable) -> Callable:
+        for backend in backends:
+            if backend not in BACKENDS:
+                raise KeyError(f"unknown backend {backend!r}; backends: {BACKENDS}")
+            KERNELS[op][backend] = launcher
+        return launcher
+
+    return register
+
+
+@functools.lru_cache(maxsize=None)
 def _compiled():
     """The compiled module repcap_fast._C and None, or None and the import error."""
     try:
@@ -39,6 +72,7 @@ def _compiled():
         return None, str(exc)
 
 
+@functools.lru_cache(maxsize=None)
 def _triton():
     try:
         return importlib.import_module("triton"), None
@@ -46,18 +80,94 @@ def _triton():
         return None, str(exc)
 
 
+def triton_kernels():
+    """The package repcap_fast.triton_kernels (importing it needs triton)."""
+    module, err = _triton()
+    if module is None:
+        raise RuntimeError(f"triton is not installed ({err}); `pip install triton`")
+    return importlib.import_module("repcap_fast.triton_kernels")
+
+
 def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def built() -> dict:
+def build_info() -> dict:
+    """repcap_fast._C.build_info(), or {} when the compiled module is not built."""
     module, _ = _compiled()
-    info = module.build_info() if module is not None else {}
-    return {
-        "cpu": module is not None,
-        "cuda": bool(info.get("cuda", False)),
-        "triton": _triton()[0] is not None,
-    }
+    return module.build_info() if module is not None else {}
+
+
+class KernelLimits(NamedTuple):
+    """Limits of the C++, CUDA and Triton kernels, defined once in csrc/kernel_settings.h."""
+
+    histogram_bins: int  # pairwise_cosine_stats: bins per histogram
+    pga_rank_tokens: int  # subspace_pga_ranks: N (N(N−1)/2 < 2^32)
+    pga_tokens: int  # subspace_pga: N (twice the ranks < 2^32)
+    penalty_p: int  # gram_offdiag_penalty: the exponent p
+
+
+def kernel_limits() -> KernelLimits:
+    """The kernels' limits, as the compiled module exports them."""
+    limits = build_info().get("limits")
+    if limits is None:
+        raise RuntimeError(f"repcap_fast._C is not built ({_compiled()[1]}), so the kernels are not available. "
+                           f"{_BUILD_HINT}")
+    return KernelLimits(**{field: int(limits[field]) for field in KernelLimits._fields})
+
+
+def check_precision(precision) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return precision
+
+
+def precision_code(precision: str) -> int:
+    """The integer the compiled ops take for `precision` (csrc/kernel_settings.h, exported by _C)."""
+    codes = build_info().get("precisions")
+    if codes is None:
+        raise RuntimeError(f"repcap_fast._C is not built ({_compiled()[1]}). {_BUILD_HINT}")
+    return int(codes[check_precision(precision)])
+
+
+@contextlib.contextmanager
+def cublas_precision(precision: str, device: torch.device) -> Iterator[None]:
+    """Inside: float32 GEMMs that torch runs through cuBLAS on `device` use IEEE float32
+    ("highest") or TF32 ("tf32"), whatever the process-wide setting; restored on exit. Nothing
+    changes for CPU tensors. Uses torch's fp32_precision setting when this torch has it (2.9+;
+    mixing it with the legacy setting makes torch.get_float32_matmul_precision() raise)."""
+    check_precision(precision)
+    if device.type != "cuda":
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        saved = matmul.fp32_precision
+        matmul.fp32_precision = "ieee" if precision == "highest" else "tf32"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = saved
+    else:  # older torch
+        saved = matmul.allow_tf32
+        matmul.allow_tf32 = precision == "tf32"
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = saved
+
+
+def triton_input_precision(precision: str, dtype: torch.dtype) -> str:
+    """tl.dot's input_precision for float32 operands at `precision` ("ieee" or "tf32"); 16-bit
+    and float64 operands keep Triton's default ("tf32", which does not apply to them)."""
+    if dtype != torch.float32:
+        return "tf32" if dtype in (torch.float16, torch.bfloat16) else "ieee"
+    return "ieee" if check_precision(precision) == "highest" else "tf32"
+
+
+def built() -> dict:
+    return {"cpu": _compiled()[0] is not None, "cuda": bool(build_info().get("cuda", False)),
+            "triton": _triton()[0] is not None}
 
 
 def _unavailable_reason(backend: str, device: torch.device) -> Optional[str]:
@@ -71,30 +181,21 @@ def _unavailable_reason(backend: str, device: torch.device) -> Optional[str]:
         if backend == "cpu" and device.type != "cpu":
             return f"backend 'cpu' runs on CPU tensors, but the input is on {device}"
         if backend == "cuda":
-            if not module.build_info().get("cuda", False):
+            if not build_info().get("cuda", False):
                 return f"repcap_fast._C was built without CUDA kernels. {_CUDA_BUILD_HINT}"
             if device.type != "cuda":
                 return f"backend 'cuda' runs on CUDA tensors, but the input is on {device}"
         return None
-    if backend == "triton":
-        mod, err = _triton()
-        if mod is None:
-            return f"triton is not installed ({err}); `pip install triton`"
-        if device.type == "cpu" and not triton_interpreting():
-            return (
-                "Triton kernels run on GPU tensors; on CPU tensors they need the interpreter "
-                "(TRITON_INTERPRET=1, slow, for testing)"
-            )
-        if device.type not in ("cpu", "cuda"):
-            return f"backend 'triton' does not support device {device}"
-        return None
-    raise ValueError(f"backend must be one of {('auto',) + BACKENDS}, got {backend!r}")
-
-
-def _auto_order(device: torch.device):
-    if device.type == "cuda":
-        return ("cuda", "triton", "torch")
-    return ("cpu", "torch")  # the Triton interpreter is never picked automatically
+    # triton
+    module, err = _triton()
+    if module is None:
+        return f"triton is not installed ({err}); `pip install triton`"
+    if device.type == "cpu" and not triton_interpreting():
+        return ("Triton kernels run on GPU tensors; on CPU tensors they need the interpreter "
+                "(TRITON_INTERPRET=1, slow, for testing)")
+    if device.type not in ("cpu", "cuda"):
+        return f"backend 'triton' does not support device {device}"
+    return None
 
 
 _warned_missing_compiled = False
@@ -104,39 +205,27 @@ def _warn_missing_compiled(err: str) -> None:
     global _warned_missing_compiled
     if not _warned_missing_compiled:
         _warned_missing_compiled = True
-        warnings.warn(
-            f"repcap_fast._C could not be imported ({err}); backend='auto' falls back to the slow "
-            f"float64 reference. {_BUILD_HINT}",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        warnings.warn(f"repcap_fast._C could not be imported ({err}); backend='auto' falls back to the slow "
+                      f"float64 reference. {_BUILD_HINT}", RuntimeWarning, stacklevel=4)
 
 
-def resolve_backend(backend: Optional[str], device: torch.device, op: str = "", use_env: bool = True) -> str:
-    """The backend that runs `op` for a tensor on `device`.
+def resolve_backend(backend: Optional[str], device: torch.device, op: str, use_env: bool = True) -> str:
+    """The backend that runs `op` for a tensor on `device`: the one asked for (REPCAP_BACKEND
+    stands in for "auto"), or for "auto" the first available one of AUTO_ORDER.
 
     Raises ValueError for an unknown name and RuntimeError, with how to fix it, for a backend
-    that is not available.
-    """
+    that is not available here."""
     requested = "auto" if backend is None else backend
     if not isinstance(requested, str):
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     source = "backend"
     if use_env and requested == "auto" and os.environ.get(BACKEND_ENV):
-        requested, source = os.environ[BACKEND_ENV].strip(), f"{BACKEND_ENV}"
+        requested, source = os.environ[BACKEND_ENV].strip(), BACKEND_ENV
     if requested != "auto" and requested not in BACKENDS:
         raise ValueError(f"{source} must be one of {('auto',) + BACKENDS}, got {requested!r}")
-    allowed = OP_BACKENDS.get(op, BACKENDS)
-    if requested != "auto" and requested not in allowed:
-        if source == BACKEND_ENV:  # a global override this op cannot follow: its auto choice
-            warnings.warn(f"{op} has no {requested!r} backend yet ({allowed}); {BACKEND_ENV} is "
-                          "ignored for it", RuntimeWarning, stacklevel=3)
-            requested = "auto"
-        else:
-            raise RuntimeError(f"{op}: {source}={requested!r} is not implemented yet for this op (it has {allowed})")
     if requested == "auto":
-        for name in (n for n in _auto_order(device) if n in allowed):
-            if _unavailable_reason(name, device) is None:
+        for name in AUTO_ORDER.get(device.type, ()):
+            if name != "torch" and name in KERNELS[op] and _unavailable_reason(name, device) is None:
                 return name
         module, err = _compiled()
         if module is None:
@@ -144,28 +233,25 @@ def resolve_backend(backend: Optional[str], device: torch.device, op: str = "", 
         return "torch"
     reason = _unavailable_reason(requested, device)
     if reason is not None:
-        prefix = f"{op}: " if op else ""
-        raise RuntimeError(f"{prefix}{source}={requested!r} is not available: {reason}")
+        raise RuntimeError(f"{op}: {source}={requested!r} is not available: {reason}")
     return requested
 
 
-def info() -> dict:
-    """What was built (CPU, CUDA, Triton), versions, and the backend each op would use."""
-    from . import __version__
+def dispatch(op: str, backend: Optional[str], device: torch.device) -> Tuple[str, Callable]:
+    """(the backend's name, its launcher) for `op` on `device` (see resolve_backend)."""
+    name = resolve_backend(backend, device, op)
+    return name, KERNELS[op][name]
 
+
+def info() -> dict:
+    """What was built (CPU, CUDA, Triton), versions, the kernels' limits, and the backend each op
+    would pick for CPU and for CUDA tensors (for CUDA tensors it follows from the build alone,
+    with or without a GPU here); REPCAP_BACKEND, when set, is reported beside it."""
     module, err = _compiled()
-    build = module.build_info() if module is not None else {}
+    build = build_info()
     triton_mod, _ = _triton()
-    gpu = torch.device("cuda") if torch.cuda.is_available() else None
-    # The automatic choice per device (for CUDA tensors it follows from the build alone, with or
-    # without a device here); REPCAP_BACKEND, when set, is reported beside it.
-    ops = {
-        op: {
-            "cpu": resolve_backend("auto", torch.device("cpu"), op, use_env=False),
-            "cuda": resolve_backend("auto", torch.device("cuda"), op, use_env=False),
-        }
-        for op in OPS
-    }
+    ops = {op: {kind: resolve_backend("auto", torch.device(kind), op, use_env=False) for kind in ("cpu", "cuda")}
+           for op in OPS}
     return {
         "repcap_fast": __version__,
         "python": platform.python_version(),
@@ -177,8 +263,10 @@ def info() -> dict:
         "built_against_torch": build.get("torch_version"),
         "openmp": build.get("openmp"),
         "cuda_arch_list": build.get("cuda_arch_list") or None,
-        "cuda_device": torch.cuda.get_device_name(0) if gpu is not None else None,
+        "limits": dict(build["limits"]) if "limits" in build else None,
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "backend_env": os.environ.get(BACKEND_ENV),
         "triton_interpret": triton_interpreting(),
+        "backends": {op: sorted(KERNELS[op]) for op in OPS},
         "ops": ops,
     }

@@ -1,16 +1,20 @@
-"""Loads repcap_fast._C (which registers torch.ops.repcap_fast.*) and the ops' fake kernels."""
+"""Loads repcap_fast._C, which registers torch.ops.repcap_fast.* (schemas in csrc/module.cpp), and
+registers the ops' fake (meta) kernels, so torch.compile and torch.library.opcheck can trace
+them. Without a built _C nothing is registered and the dispatch layer says how to build it."""
+
+import importlib
 
 import torch
 
 try:
-    from . import _C  # noqa: F401  registers the ops with the dispatcher
-except ImportError:  # not built: the dispatch layer reports how to build it
+    _C = importlib.import_module("repcap_fast._C")
+except ImportError:
     _C = None
 
 if _C is not None:
 
     @torch.library.register_fake("repcap_fast::pairwise_cosine_stats")
-    def _pairwise_cosine_stats_fake(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, math_mode):
+    def _pairwise_cosine_stats_fake(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision):
         # Results are small host tensors whatever the input device.
         return (
             torch.empty(4, dtype=torch.float64, device="cpu"),
@@ -19,16 +23,7 @@ if _C is not None:
         )
 
     @torch.library.register_fake("repcap_fast::gram_offdiag_penalty")
-    def _gram_offdiag_penalty_fake(x, p, with_grad):
-        k, d = x.shape
-        return (
-            x.new_empty(k),
-            x.new_empty(k, dtype=torch.float64),
-            x.new_empty((k, d)) if with_grad else x.new_empty(0),
-        )
-
-    @torch.library.register_fake("repcap_fast::gram_offdiag_penalty_rows")
-    def _gram_offdiag_penalty_rows_fake(q, x, row_offset, p, with_grad):
+    def _gram_offdiag_penalty_fake(q, x, row_offset, p, with_grad):
         m, d = q.shape
         return (
             q.new_empty(m),

@@ -1,21 +1,96 @@
-"""Input checks shared by the public functions. Every error names the argument."""
+"""Input checks shared by every public function: each returns the value in canonical form or
+raises a ValueError/TypeError that names the argument and what was expected."""
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import math
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+DTYPE_NAMES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+               "float16": torch.float16}
 _NORM_CHUNK_BYTES = 4 << 20  # float64 working copy of a row chunk
-# Kernels keep one int64 histogram per GPU block/program (or CPU thread): this bounds that memory.
-MAX_BINS = 1 << 16
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype kernels compute in: float64 stays float64, every other float is float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_int(value, name: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:
+    """An int (Python or numpy integer, not a bool) in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bounds = (f"in [{minimum}, {maximum}]" if minimum is not None and maximum is not None
+                  else f">= {minimum}" if minimum is not None else f"<= {maximum}")
+        raise ValueError(f"{name} must be {bounds}, got {value}")
+    return value
+
+
+def check_bool(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_choice(value, name: str, choices: Sequence):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_positive_float(value, name: str) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return value
+
+
+def check_dtype(dtype, name: str = "dtype") -> torch.dtype:
+    """A float torch.dtype, given as one or by name ("float32", ...)."""
+    if isinstance(dtype, str):
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"{name} must be one of {tuple(DTYPE_NAMES)}, got {dtype!r}")
+        return DTYPE_NAMES[dtype]
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a float dtype, got {dtype!r}")
+    return dtype
+
+
+def check_p(p, maximum: Optional[int] = None) -> int:
+    """The penalty exponent p as an int ≥ 1 (≤ maximum); floats must be finite and integral."""
+    if isinstance(p, bool):
+        raise TypeError("p must be an integer >= 1, got a bool")
+    if isinstance(p, float):
+        if not math.isfinite(p):
+            raise ValueError(f"p must be finite, got {p}")
+        if p != int(p):
+            raise ValueError(f"p must be an integer >= 1 (|g|^p with p even or odd), got {p}")
+    try:
+        p = int(p)  # numpy/torch integers
+    except (TypeError, ValueError):
+        raise TypeError(f"p must be an integer >= 1, got {type(p).__name__}") from None
+    if p < 1 or (maximum is not None and p > maximum):
+        raise ValueError(f"p must be an integer in [1, {maximum}], got {p}" if maximum is not None
+                         else f"p must be an integer >= 1, got {p}")
+    return p
+
+
+def check_k(k, d: int) -> int:
+    """A subspace dimension 1 ≤ k < d."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if not 1 <= int(k) < d:
+        raise ValueError(f"k must satisfy 1 <= k < d = {d}, got k={k}")
+    return int(k)
 
 
 def as_matrix(x, name: str) -> torch.Tensor:
@@ -30,11 +105,21 @@ def as_matrix(x, name: str) -> torch.Tensor:
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows x d), got shape {tuple(x.shape)}")
     if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(
-            f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}"
-        )
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
     if x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"{name} is empty: shape {tuple(x.shape)}")
+    return x
+
+
+def as_vector(x, name: str) -> torch.Tensor:
+    """A 1-D float64 tensor of finite values (any array-like)."""
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(np.ascontiguousarray(x))
+    elif not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x)
+    x = x.detach().reshape(-1).to(torch.float64)
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN/Inf")
     return x
 
 
@@ -71,12 +156,27 @@ def row_norms(x: torch.Tensor, name: str) -> torch.Tensor:
     return norms
 
 
+def unit_rows(x: torch.Tensor, dtype: Optional[torch.dtype] = None, norms: Optional[torch.Tensor] = None,
+              name: str = "x") -> torch.Tensor:
+    """x̂_i = x_i/‖x_i‖, divided in float64 row chunk by row chunk and rounded once to `dtype`
+    (x's compute dtype by default), so tiny or huge rows (1/‖x‖ beyond float32) come out exact;
+    zero rows stay zero. `norms`: the float64 row norms when already known."""
+    if norms is None:
+        norms = row_norms(x, name)
+    dtype = compute_dtype(x.dtype) if dtype is None else dtype
+    safe = torch.where(norms > 0, norms, torch.ones_like(norms))
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    rows = max(1, _NORM_CHUNK_BYTES // (8 * x.shape[1]))
+    for r0 in range(0, x.shape[0], rows):
+        out[r0 : r0 + rows] = x[r0 : r0 + rows].to(torch.float64) / safe[r0 : r0 + rows, None]
+    return out
+
+
 def drop_zero_rows(
     x: torch.Tensor, norms: torch.Tensor, zero_rows: str, name: str
 ) -> Tuple[torch.Tensor, torch.Tensor, int]:
     """Applies the zero_rows policy: "error" raises, "drop" removes them and counts them."""
-    if zero_rows not in ("error", "drop"):
-        raise ValueError(f"zero_rows must be 'error' or 'drop', got {zero_rows!r}")
+    check_choice(zero_rows, "zero_rows", ("error", "drop"))
     zero = norms == 0
     n_zero = int(zero.sum())
     if n_zero == 0:
@@ -102,9 +202,12 @@ def check_pair(a: torch.Tensor, b: torch.Tensor, name_a: str = "A", name_b: str 
         raise ValueError(f"{name_a} is on {a.device} but {name_b} is on {b.device}; move them to one device")
 
 
-def check_histogram(bins, value_range) -> Tuple[int, float, float]:
-    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or not 1 <= bins <= MAX_BINS:
-        raise ValueError(f"bins must be an int in [1, {MAX_BINS}], got {bins!r}")
+def check_histogram(bins, value_range, max_bins: Optional[int] = None) -> Tuple[int, float, float]:
+    """(bins, lo, hi) of a fixed-bin histogram; max_bins: the kernels' limit (None: no limit)."""
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1 or \
+            (max_bins is not None and bins > max_bins):
+        raise ValueError(f"bins must be an int in [1, {max_bins}], got {bins!r}" if max_bins is not None
+                         else f"bins must be an int >= 1, got {bins!r}")
     try:
         lo, hi = (float(v) for v in value_range)
     except (TypeError, ValueError):
@@ -112,3 +215,17 @@ def check_histogram(bins, value_range) -> Tuple[int, float, float]:
     if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
         raise ValueError(f"range must be finite with lo < hi, got {value_range!r}")
     return int(bins), lo, hi
+
+
+def check_orthonormal(basis: torch.Tensor, name: str = "basis", tol: Optional[float] = None) -> torch.Tensor:
+    """A d×k basis with orthonormal columns (to `tol`, by default 1e-4 for 16/32-bit and 1e-10
+    for float64), or a ValueError naming the largest deviation of BᵀB from I."""
+    if not isinstance(basis, torch.Tensor) or basis.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D (d×k) tensor with orthonormal columns")
+    if tol is None:
+        tol = 1e-10 if basis.dtype == torch.float64 else 1e-4
+    b = basis.to(torch.float64)
+    dev = float((b.T @ b - torch.eye(b.shape[1], dtype=torch.float64, device=b.device)).abs().max())
+    if not dev <= tol:
+        raise ValueError(f"{name} is not orthonormal: max |BᵀB − I| = {dev:.3g} > {tol:g}")
+    return basis

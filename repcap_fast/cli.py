@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -12,12 +13,13 @@ import time
 import numpy as np
 import torch
 
-from . import __version__, capacity
-from ._backends import BACKENDS, info
-from .cosine_stats import cosine_moments, pairwise_cosine_stats
+from . import capacity, distributed, fitting, packing, plotting
+from ._backends import BACKENDS, PRECISIONS, info
+from ._validation import DTYPE_NAMES
+from ._version import __version__
 from .models import DEFAULT_MODEL, load_embeddings
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
+from .report import ReportSettings, run_report, run_survey
 
 
 def _cmd_info(args) -> int:
@@ -29,47 +31,13 @@ def _fmt_k(k: float) -> str:
     return "inf" if not np.isfinite(k) else f"{k:.4g}"
 
 
-def plot_histogram(stats, path: str, title: str, k_sigma: float = 2.0) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    edges = stats.edges.numpy()
-    hist = stats.hist.numpy()
-    centers = 0.5 * (edges[:-1] + edges[1:])
-    density = hist / (stats.count * stats.bin_width)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.fill_between(centers, density, step="mid", alpha=0.35, color="tab:blue")
-    ax.plot(centers, density, drawstyle="steps-mid", lw=0.8, color="tab:blue", label="pairwise cosines")
-    marks = [(stats.mean, "μ", "black", "-"), (stats.epsilon(k_sigma), f"ε = μ+{k_sigma:g}σ", "tab:red", "-")]
-    for q, style in ((0.5, ":"), (0.99, "--"), (0.999, "-.")):
-        try:
-            marks.append((stats.quantile(q), f"q{q:g}", "tab:green", style))
-        except ValueError:
-            pass
-    for x, label, color, style in marks:
-        ax.axvline(x, color=color, ls=style, lw=1.2, label=f"{label} = {x:.4f}")
-    lo = max(edges[0], stats.min - 0.05)
-    hi = min(edges[-1], stats.max + 0.05)
-    ax.set_xlim(lo, hi)
-    ax.set_xlabel("cosine similarity")
-    ax.set_ylabel("density")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-
-
 def _cmd_epsilon(args) -> int:
     t0 = time.perf_counter()
     emb = load_embeddings(args.source, which=args.which, tensor=args.tensor, n_rows=args.n_rows)
     a = emb.input if args.which == "input" else emb.output
     tensor_name = emb.input_name if args.which == "input" or emb.tied else emb.output_name
     if args.dtype:
-        a = a.to(_DTYPES[args.dtype])
+        a = a.to(DTYPE_NAMES[args.dtype])
     if args.device:
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"--device {args.device}: this torch has no CUDA device ({torch.__version__})")
@@ -88,7 +56,8 @@ def _cmd_epsilon(args) -> int:
     eps = stats.epsilon(args.k_sigma)
     table = capacity.capacity_table(d, eps, vocab=v)
 
-    print(f"source      {emb.source}" + (f"  [{tensor_name}]" if tensor_name else "") + f"  ({emb.kind}, {emb.architecture})")
+    print(f"source      {emb.source}" + (f"  [{tensor_name}]" if tensor_name else "")
+          + f"  ({emb.kind}, {emb.architecture})")
     if emb.tied is not None:
         print(f"tied        {emb.tied}: {emb.tied_reason}")
     if emb.padded_rows:
@@ -103,7 +72,8 @@ def _cmd_epsilon(args) -> int:
     print(f"range       min = {stats.min:.6f}   max = {stats.max:.6f}")
     print(f"class       {capacity.describe_class(eps)}")
     print("capacity    formula            k (max features)   Welch/orthoplex floor on max|c| for k")
-    labels = {"jl_C8": "JL, C=8", "jl_C3.029": "JL, C=3.029", "adjusted_C1.293": "adjusted, C=1.293", "full": "full form"}
+    labels = {"jl_C8": "JL, C=8", "jl_C3.029": "JL, C=3.029", "adjusted_C1.293": "adjusted, C=1.293",
+              "full": "full form"}
     for key, row in table["formulas"].items():
         if row is None:
             print(f"            {labels[key]:<18} {'n/a (ε < 0)':>16}")
@@ -111,7 +81,8 @@ def _cmd_epsilon(args) -> int:
         print(f"            {labels[key]:<18} {_fmt_k(row['capacity']):>16}   {row['welch_floor']:.6f}")
     if capacity.model_class(eps) == 1:
         print("            (class 1: these capacities are indeterminate)")
-    print(f"floor       no {v} unit vectors in R^{d} have max|c| below {table['welch_floor_vocab']:.6f} (Welch/orthoplex)")
+    print(f"floor       no {v} unit vectors in R^{d} have max|c| below {table['welch_floor_vocab']:.6f} "
+          "(Welch/orthoplex)")
 
     if args.json:
         doc = {
@@ -136,7 +107,8 @@ def _cmd_epsilon(args) -> int:
             json.dump(doc, fh, indent=1)
         print(f"wrote       {args.json}")
     if args.plot:
-        plot_histogram(stats, args.plot, f"{os.path.basename(str(emb.source))}: {v}×{d}, ε = {eps:.4f}", args.k_sigma)
+        plotting.plot_cosine_histograms([("pairwise cosines", stats)], args.plot,
+                                        f"{os.path.basename(str(emb.source))}: {v}×{d}, ε = {eps:.4f}", args.k_sigma)
         print(f"wrote       {args.plot}")
     return 0
 
@@ -149,23 +121,6 @@ def _write_json(path: str, payload: dict) -> None:
     print(f"wrote       {path}")
 
 
-def plot_loss(history, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.semilogy(np.arange(1, len(history) + 1), history)
-    ax.set_xlabel("Adam step")
-    ax.set_ylabel("Σ|ĝ|^p")
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def _n_rows(text: str):
     if text in ("tokenizer", "vocab"):
         return "tokenizer"
@@ -176,8 +131,6 @@ def _n_rows(text: str):
 
 
 def _cmd_pack(args) -> int:
-    from . import packing
-
     res = packing.optimize(args.k, args.d, steps=args.steps, p=args.p, lr=args.lr, seed=args.seed,
                            device=args.device, dtype=args.dtype, backend=args.backend,
                            progress=args.progress)
@@ -190,7 +143,8 @@ def _cmd_pack(args) -> int:
     if args.json:
         _write_json(args.json, {"repcap_fast": __version__, "command": "pack", "result": res.to_dict()})
     if args.plot:
-        plot_loss(res.loss_history, args.plot, f"packing k={res.k}, d={res.d}, p={res.p}: eps*={res.eps_star:.4f}")
+        plotting.plot_loss(res.loss_history, args.plot,
+                           f"packing k={res.k}, d={res.d}, p={res.p}: eps*={res.eps_star:.4f}")
         print(f"wrote       {args.plot}")
     return 0
 
@@ -213,8 +167,6 @@ def _int_list(text: str):
 
 
 def _cmd_sweep(args) -> int:
-    from . import packing
-
     cells = packing.sweep(args.ks, args.ds, args.out, steps=args.steps, p=args.p, lr=args.lr,
                           seed=args.seed, device=args.device, dtype=args.dtype, backend=args.backend,
                           resume=not args.restart, progress=args.progress)
@@ -225,13 +177,11 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_fit(args) -> int:
-    from . import packing
-
     cells = packing.load_cells(args.results)
-    forms = list(capacity.FIT_FORMS) if args.form == "all" else [args.form]
+    forms = list(fitting.FIT_FORMS) if args.form == "all" else [args.form]
     fits = {}
     for form in forms:
-        res = capacity.fit(cells, form, eps_key=args.eps_key)
+        res = fitting.fit(cells, form, eps_key=args.eps_key)
         fits[form] = res.to_dict()
         params = ", ".join(f"{k}={v:.6g}" for k, v in res.params.items())
         print(f"{form:<9} {params:<60} R2={res.r2:.5f} MAPE={res.mape:.3f}% NRMSE={res.nrmse:.3f}% "
@@ -239,7 +189,6 @@ def _cmd_fit(args) -> int:
         if args.plot:
             root, ext = os.path.splitext(args.plot)
             path = args.plot if len(forms) == 1 else f"{root}_{form}{ext or '.png'}"
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             res.plot(path)
             print(f"wrote       {path}")
     if args.json:
@@ -257,36 +206,22 @@ def _layers(text: str):
         raise argparse.ArgumentTypeError(f"expected 'all' or comma-separated ints, got {text!r}") from None
 
 
-def _texts(args):
-    from .models import read_texts
-
+def _cmd_report(args) -> int:
     if args.text and args.jsonl:
         raise ValueError("give --text or --jsonl, not both")
-    path = args.text or args.jsonl
-    if path is None:
-        return None, None
-    if args.jsonl and not path.endswith(".jsonl"):
-        raise ValueError(f"--jsonl {path!r}: expected a .jsonl file")
-    return read_texts(path, jsonl_key=args.jsonl_key), os.path.basename(path)
-
-
-def _cmd_report(args) -> int:
-    from .report import run_report
-
-    texts, text_name = _texts(args)
+    if args.jsonl and not args.jsonl.endswith(".jsonl"):
+        raise ValueError(f"--jsonl {args.jsonl!r}: expected a .jsonl file")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"--device {args.device}: this torch has no CUDA device ({torch.__version__})")
-    run_report(args.source, args.out, texts=texts, text_name=text_name, text_file=args.text or args.jsonl,
-               jsonl_key=args.jsonl_key if args.jsonl else None, n_tokens=args.n_tokens, layers=args.layers,
-               k=args.k, n_null=args.n_null, ccrs=args.ccr, seed=args.seed, device=args.device,
-               dtype=_DTYPES[args.dtype], backend=args.backend, bins=args.bins, n_rows=args.n_rows,
-               zero_rows=args.zero_rows, batch_size=args.batch_size, progress=args.progress, command=sys.argv)
+    settings = ReportSettings(n_tokens=args.n_tokens, layers=args.layers, k=args.k, n_null=args.n_null,
+                              ccrs=tuple(args.ccr), seed=args.seed, device=args.device, dtype=DTYPE_NAMES[args.dtype],
+                              backend=args.backend, bins=args.bins, n_rows=args.n_rows, zero_rows=args.zero_rows,
+                              batch_size=args.batch_size, text_file=args.text or args.jsonl, jsonl_key=args.jsonl_key)
+    run_report(args.source, args.out, settings, progress=args.progress, command=sys.argv)
     return 0
 
 
 def _cmd_survey(args) -> int:
-    from .report import run_survey
-
     run_survey(args.sources, args.out, bins=args.bins, backend=args.backend, device=args.device, n_rows=args.n_rows,
                zero_rows=args.zero_rows, progress=args.progress, command=sys.argv)
     return 0
@@ -311,8 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_eps.add_argument("--bins", type=int, default=4096)
     p_eps.add_argument("--k-sigma", type=float, default=2.0)
     p_eps.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
-    p_eps.add_argument("--precision", choices=("highest", "tf32"), default="highest")
-    p_eps.add_argument("--dtype", choices=tuple(_DTYPES), help="cast the matrix first")
+    p_eps.add_argument("--precision", choices=PRECISIONS, default="highest")
+    p_eps.add_argument("--dtype", choices=tuple(DTYPE_NAMES), help="cast the matrix first")
     p_eps.add_argument("--device", help="e.g. cuda, cuda:1 (default: where it was loaded, the CPU)")
     p_eps.add_argument("--json", metavar="PATH", help="write results with provenance")
     p_eps.add_argument("--plot", metavar="PATH", help="write a PNG of the cosine histogram")
@@ -383,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_fit = sub.add_parser("fit", help="fit the capacity constants to sweep results")
     p_fit.add_argument("results", help="a sweep file (.json or .csv)")
-    p_fit.add_argument("--form", choices=("all",) + tuple(capacity.FIT_FORMS), default="all")
+    p_fit.add_argument("--form", choices=("all",) + tuple(fitting.FIT_FORMS), default="all")
     p_fit.add_argument("--eps-key", default="eps_star", help="the measured ε (default eps_star; or mu_plus_2sigma)")
     p_fit.add_argument("--json", metavar="PATH", help="write the constants and metrics")
     p_fit.add_argument("--plot", metavar="PATH", help="write PNGs of data against fit (one per form)")
@@ -396,29 +331,23 @@ _DISTRIBUTED_COMMANDS = ("epsilon", "pack", "sweep")
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    import contextlib
-
-    from .distributed import init_from_torchrun, is_main
-
     try:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun
             if args.command not in _DISTRIBUTED_COMMANDS:
                 raise RuntimeError(f"`repcap {args.command}` does not run across ranks yet; run it without torchrun "
                                    f"(across ranks: {', '.join(_DISTRIBUTED_COMMANDS)})")
-            started = init_from_torchrun(getattr(args, "device", None) or "cpu")
+            started = distributed.init_from_torchrun(getattr(args, "device", None) or "cpu")
             if str(getattr(args, "device", None) or "").startswith("cuda"):  # each rank on its own GPU
                 args.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-            if not is_main():  # rank 0 prints and writes files; the others compute their share
+            if not distributed.is_main():  # rank 0 prints and writes files; the others compute their share
                 args.json = args.plot = None
                 with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
                     rc = args.func(args)
             else:
                 rc = args.func(args)
             if started:  # a clean shutdown after success: every rank done with the group, then torn down
-                import torch.distributed as dist
-
-                dist.barrier()
-                dist.destroy_process_group()
+                torch.distributed.barrier()
+                torch.distributed.destroy_process_group()
             return rc
         return args.func(args)
     except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError, ImportError, NotImplementedError) as exc:

@@ -19,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import os
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 import torch
+import torch.distributed as dist
 
 _LOCAL = contextvars.ContextVar("repcap_fast_local", default=False)
 
@@ -41,8 +43,6 @@ def local():
 def resolve_group(group=None):
     """The process group to use: `group` if given, else the default group when torch.distributed is
     initialized with more than one rank, else None (run in this process alone)."""
-    import torch.distributed as dist
-
     if group is not None:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("group= was given but torch.distributed is not initialized (call "
@@ -54,8 +54,6 @@ def resolve_group(group=None):
 
 
 def rank_and_world(group) -> Tuple[int, int]:
-    import torch.distributed as dist
-
     return dist.get_rank(group), dist.get_world_size(group)
 
 
@@ -82,8 +80,6 @@ def tensor_digest(x: Optional[torch.Tensor]) -> Optional[str]:
 def check_same_on_all_ranks(op: str, signature: Dict[str, Any], group) -> None:
     """Raises the same ValueError on every rank when the ranks' signatures differ (shapes, seeds,
     settings, input digests), naming each field that differs and its value per rank."""
-    import torch.distributed as dist
-
     _, world = rank_and_world(group)
     gathered: List[Optional[Dict[str, Any]]] = [None] * world
     dist.all_gather_object(gathered, signature, group=group)
@@ -109,8 +105,6 @@ def assign_units(weights: Sequence[int], world: int) -> List[int]:
 def comm_device(group) -> torch.device:
     """Where a collective's tensors must live: this rank's current GPU for NCCL (whatever device
     the op's inputs are on), the CPU otherwise."""
-    import torch.distributed as dist
-
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -118,16 +112,12 @@ def comm_device(group) -> torch.device:
 
 def global_rank(group, group_rank: int) -> int:
     """The global rank of `group_rank` in `group` (point-to-point calls take global ranks)."""
-    import torch.distributed as dist
-
     return dist.get_global_rank(group, group_rank) if group is not dist.group.WORLD else group_rank
 
 
 def sum_across_ranks(tensors: Sequence[torch.Tensor], group, device=None) -> List[torch.Tensor]:
     """all_reduce(SUM) of each tensor on the group's communication device (`comm_device`);
     returns CPU tensors."""
-    import torch.distributed as dist
-
     where = comm_device(group)
     out = []
     for t in tensors:
@@ -141,8 +131,6 @@ def run_on_every_rank(op: str, fn, group):
     """fn() on this rank; then every rank learns whether any rank failed, and all raise the same
     RuntimeError naming the rank and its error (a failure on one rank never leaves the others
     waiting in a collective)."""
-    import torch.distributed as dist
-
     rank, world = rank_and_world(group)
     try:
         result, status = fn(), None
@@ -167,10 +155,6 @@ def init_from_torchrun(device: str = "cpu") -> bool:
     """Under torchrun (WORLD_SIZE > 1 in the environment), initializes the default process group:
     NCCL for a CUDA device (each rank on cuda:LOCAL_RANK), gloo otherwise. Returns whether it did.
     Multi-node runs work the same way: torchrun --nnodes N --node-rank R --rdzv-endpoint HOST:PORT."""
-    import os
-
-    import torch.distributed as dist
-
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return False
     if str(device).startswith("cuda"):
@@ -183,18 +167,28 @@ def init_from_torchrun(device: str = "cpu") -> bool:
     return True
 
 
-def prepare_on_every_rank(op: str, prepare, signature, group):
-    """prepare() (validation and setup before an op's first collective), then the ranks compare
-    signature(prepared) (shapes, digests, settings): a rank whose input fails validation, or
-    differs from the others, makes every rank raise the same error instead of leaving the others
-    waiting in a collective. Without a group, prepare() alone. Returns prepare()'s value."""
+class Prepared(Protocol):
+    """What an op's validation returns: its checked inputs and settings, and the signature the
+    ranks compare (shapes, input digests, settings)."""
+
+    def signature(self) -> Dict[str, Any]: ...
+
+
+P = TypeVar("P", bound=Prepared)
+
+
+def prepare_on_every_rank(op: str, group, prepare: Callable[..., P], *args, **kwargs) -> P:
+    """prepare(*args, **kwargs): an op's validation and setup before its first collective. With a
+    group, the ranks then compare the result's signature(): a rank whose input fails validation,
+    or differs from the others, makes every rank raise the same ValueError instead of leaving the
+    others waiting in a collective. Without a group, prepare() alone."""
     if group is None:
-        return prepare()
+        return prepare(*args, **kwargs)
     try:
-        prepared, failure = prepare(), None
+        prepared, failure = prepare(*args, **kwargs), None
     except Exception as exc:  # noqa: BLE001 - reported on every rank below
         prepared, failure = None, f"{type(exc).__name__}: {exc}"
-    check_same_on_all_ranks(op, {"error": failure, **({} if failure else signature(prepared))}, group)
+    check_same_on_all_ranks(op, {"error": failure, **({} if failure else prepared.signature())}, group)
     if failure is not None:  # the same error on every rank
         raise ValueError(f"{op}: {failure}")
     return prepared

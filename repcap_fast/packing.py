@@ -3,29 +3,31 @@
 ``optimize`` starts from k random unit vectors and minimizes L = Σ_{i≠j}|ĝ_ij|^p with Adam,
 through the streaming penalty kernel (``gram_offdiag_penalty``, never k×k). ``sweep`` runs a
 (k, d) grid and writes every finished cell at once, so an interrupted sweep resumes where it
-stopped. ``capacity.fit`` then fits the constants of the capacity formulas to ε*.
+stopped. ``fitting.fit`` then fits the constants of the capacity formulas to ε*; sweep files are
+repcap_fast.sweep_file.
 
 Vectors are the rows of a k×d matrix here; the paper's code stores them as the columns of d×k.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional
 
 import torch
 
-from . import capacity
-from .penalty import check_p, gram_offdiag_penalty
+from . import _validation as val
+from . import capacity, distributed
+from ._backends import resolve_backend
+from ._progress import progress_bar
+from .ops.gram_offdiag_penalty import check_p, gram_offdiag_penalty, gram_offdiag_penalty_block
+from .ops.pairwise_cosine_stats import pairwise_cosine_stats
+from .sweep_file import CELL_FIELDS, SETTING_KEYS, load_cells, part_file, part_files, read_cells, write_cells
 
-SWEEP_FORMAT = "repcap_fast.packing.sweep/1"
 _PROGRESS_FLOPS = 2e11  # show a progress bar above about this much work (a few CPU seconds)
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def default_lr(d: int) -> float:
@@ -83,37 +85,9 @@ class PackingResult:
         return out
 
 
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) and not (hasattr(value, "__index__")):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _check_lr(lr) -> float:
-    lr = float(lr)
-    if not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"lr must be finite and > 0, got {lr}")
-    return lr
-
-
-def _dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, str):
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {tuple(_DTYPES)}, got {dtype!r}")
-        return _DTYPES[dtype]
-    if dtype not in _DTYPES.values():
-        raise TypeError(f"dtype must be a float dtype, got {dtype!r}")
-    return dtype
-
-
-def _eps_stats(x: torch.Tensor, backend: str):
+def _eps_stats(x: torch.Tensor, backend: str, precision: str = "highest"):
     """(ε* = max|ĝ|, mean, std) of the off-diagonal ĝ_ij (pairs i<j), streamed by kernel 1."""
-    from .cosine_stats import pairwise_cosine_stats
-
-    stats = pairwise_cosine_stats(x, bins=1, backend=backend, progress=False)
+    stats = pairwise_cosine_stats(x, bins=1, backend=backend, precision=precision, progress=False)
     return max(abs(stats.min), abs(stats.max)), stats.mean, stats.std
 
 
@@ -145,55 +119,61 @@ def optimize(
     (The paper's script reads ε* in the forward pass of its last step, i.e. after steps − 1
     updates; here it is read after all `steps` updates.)
 
-    Across ranks (`group=`, or torchrun's default group; backends cpu and cuda): each rank owns a
-    contiguous block of rows and the Adam state of those rows only. Every step the ranks
-    all-gather the rows, each computes its rows' loss and gradient with the fused kernel run on
-    its block against all k rows (`penalty.rows_loss_and_grad`), and the losses are summed. The
-    trajectory is the single-process one up to float rounding (the kernel's tiles start at other
-    rows).
+    Across ranks (`group=`, or torchrun's default group): each rank owns a contiguous block of
+    rows and the Adam state of those rows only. Every step the ranks all-gather the rows, each
+    computes its rows' loss and gradient with the fused kernel run on its block against all k rows
+    (`gram_offdiag_penalty_block`), and the losses are summed. The trajectory is the
+    single-process one up to float rounding (the kernel's tiles start at other rows).
     """
-    from ._backends import resolve_backend
-    from .distributed import prepare_on_every_rank, resolve_group
-
-    group = resolve_group(group)
-
-    def prepare():  # every check before the first collective, so that a failure reaches every rank
-        k_ = _check_int(k, "k", 2)
-        d_ = _check_int(d, "d", 1)
-        p_ = default_p(k_, d_) if p is None else check_p(p)
-        lr_ = default_lr(d_) if lr is None else _check_lr(lr)
-        device_ = torch.device(device)
-        backend_ = resolve_backend(backend, device_, "gram_offdiag_penalty")
-        if group is not None and backend_ not in ("cpu", "cuda"):
-            raise ValueError(f"packing across ranks runs on the cpu and cuda backends, not {backend_!r}")
-        return (k_, d_, _check_int(steps, "steps", 1), p_, lr_, _check_int(seed, "seed", 0), _dtype(dtype), device_,
-                backend_)
-
-    k, d, steps, p, lr, seed, dtype, device, used_backend = prepare_on_every_rank(
-        "optimize", prepare, lambda prep: {"k": prep[0], "d": prep[1], "steps": prep[2], "p": prep[3], "lr": prep[4],
-                                           "seed": prep[5], "dtype": str(prep[6]), "backend": prep[8]}, group)
+    group = distributed.resolve_group(group)
+    run = distributed.prepare_on_every_rank("optimize", group, _check_run, k, d, steps, p, lr, seed, device, dtype,
+                                            backend)
     if group is not None:
-        return _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend, progress, group)
-    X = _initial_vectors(k, d, seed).to(device=device, dtype=dtype).requires_grad_(True)
-    eps_init, _, _ = _eps_stats(X.detach(), used_backend)
-    opt = torch.optim.Adam([X], lr=lr)
-    losses = torch.empty(steps, dtype=torch.float64, device=device)
-    bar = _step_bar(progress, 4.0 * k * k * d * steps, steps, f"pack k={k} d={d} p={p}")
+        return _optimize_across_ranks(run, progress, group)
+    X = _initial_vectors(run.k, run.d, run.seed).to(device=run.device, dtype=run.dtype).requires_grad_(True)
+    eps_init, _, _ = _eps_stats(X.detach(), run.backend)
+    opt = torch.optim.Adam([X], lr=run.lr)
+    losses = torch.empty(run.steps, dtype=torch.float64, device=run.device)
     start = time.perf_counter()
-    try:
-        for step in range(steps):
+    with progress_bar(progress, total=run.steps, desc=f"pack k={run.k} d={run.d} p={run.p}", unit="step",
+                      work=4.0 * run.k * run.k * run.d * run.steps, auto_above=_PROGRESS_FLOPS) as bar:
+        for step in range(run.steps):
             opt.zero_grad(set_to_none=True)
-            loss = gram_offdiag_penalty(X, p, normalize=True, reduction="sum", backend=used_backend)
+            loss = gram_offdiag_penalty(X, run.p, normalize=True, reduction="sum", backend=run.backend)
             loss.backward()
             opt.step()
             losses[step] = loss.detach()
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    return _packing_result(k, d, steps, p, lr, seed, dtype, device, used_backend, eps_init, X.detach(),
-                           losses.cpu().tolist(), start)
+            bar.update(1)
+    return _packing_result(run, eps_init, X.detach(), losses.cpu().tolist(), start)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The validated settings of one packing run."""
+
+    k: int
+    d: int
+    steps: int
+    p: int
+    lr: float
+    seed: int
+    device: torch.device
+    dtype: torch.dtype
+    backend: str
+
+    def signature(self) -> dict:
+        return {"k": self.k, "d": self.d, "steps": self.steps, "p": self.p, "lr": self.lr, "seed": self.seed,
+                "dtype": str(self.dtype), "backend": self.backend}
+
+
+def _check_run(k, d, steps, p, lr, seed, device, dtype, backend) -> _Run:
+    k = val.check_int(k, "k", 2)
+    d = val.check_int(d, "d", 1)
+    device = torch.device(device)
+    backend = resolve_backend(backend, device, "gram_offdiag_penalty")
+    return _Run(k, d, val.check_int(steps, "steps", 1), default_p(k, d) if p is None else check_p(p, backend),
+                default_lr(d) if lr is None else val.check_positive_float(lr, "lr"), val.check_int(seed, "seed", 0),
+                device, val.check_dtype(dtype), backend)
 
 
 def _initial_vectors(k: int, d: int, seed: int) -> torch.Tensor:
@@ -202,92 +182,64 @@ def _initial_vectors(k: int, d: int, seed: int) -> torch.Tensor:
     return x0 / torch.linalg.vector_norm(x0, dim=1, keepdim=True)
 
 
-def _step_bar(progress, flops: float, steps: int, desc: str):
-    if not (progress if progress is not None else flops >= _PROGRESS_FLOPS):
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=steps, desc=desc, unit=" step", leave=False)
-
-
-def _packing_result(k, d, steps, p, lr, seed, dtype, device, backend, eps_init, X, history, start) -> PackingResult:
+def _packing_result(run: _Run, eps_init, X, history, start) -> PackingResult:
     """ε* and the statistics of the final vectors X (all k rows, on this process alone)."""
-    from .distributed import local
-
-    with local():
-        eps_star, mean, std = _eps_stats(X, backend)
+    with distributed.local():
+        eps_star, mean, std = _eps_stats(X, run.backend)
     return PackingResult(
-        k=k, d=d, steps=steps, p=p, lr=lr, seed=seed,
-        dtype=str(dtype).replace("torch.", ""), device=str(device), backend=backend,
+        k=run.k, d=run.d, steps=run.steps, p=run.p, lr=run.lr, seed=run.seed,
+        dtype=str(run.dtype).replace("torch.", ""), device=str(run.device), backend=run.backend,
         eps_star=float(eps_star), eps_star_init=float(eps_init), mean=float(mean), std=float(std),
-        mu_plus_2sigma=float(mean + 2.0 * std), welch=float(capacity.welch_bound(k, d)),
+        mu_plus_2sigma=float(mean + 2.0 * std), welch=float(capacity.welch_bound(run.k, run.d)),
         loss_init=float(history[0]), loss_final=float(history[-1]), loss_history=history,
         seconds=time.perf_counter() - start,
     )
 
 
-def _optimize_across_ranks(k, d, steps, p, lr, seed, device, dtype, used_backend, progress, group) -> PackingResult:
-    import torch.distributed as dist
-
-    from ._validation import compute_dtype
-    from .distributed import comm_device, contiguous_share, local, rank_and_world, run_on_every_rank
-    from .penalty import rows_loss_and_grad
-
-    rank, world = rank_and_world(group)
-    full = _initial_vectors(k, d, seed).to(device=device, dtype=dtype)
-    own = contiguous_share(k, rank, world)
-    block = -(-k // world)  # all_gather takes equal sizes: blocks are padded to this many rows
+def _optimize_across_ranks(run: _Run, progress, group) -> PackingResult:
+    rank, world = distributed.rank_and_world(group)
+    full = _initial_vectors(run.k, run.d, run.seed).to(device=run.device, dtype=run.dtype)
+    own = distributed.contiguous_share(run.k, rank, world)
+    block = -(-run.k // world)  # all_gather takes equal sizes: blocks are padded to this many rows
     X = full[own.start : own.stop].clone().requires_grad_(True)
-    with local():  # every rank holds all rows: the statistics need no other rank (and no subgroup)
-        eps_init, _, _ = _eps_stats(full, used_backend)
-    opt = torch.optim.Adam([X], lr=lr)  # the Adam state of this rank's rows only
-    comm = comm_device(group)
-    losses = torch.empty(steps, dtype=torch.float64)
-    shares = [contiguous_share(k, r, world) for r in range(world)]
+    with distributed.local():  # every rank holds all rows: the statistics need no other rank (and no subgroup)
+        eps_init, _, _ = _eps_stats(full, run.backend)
+    opt = torch.optim.Adam([X], lr=run.lr)  # the Adam state of this rank's rows only
+    comm = distributed.comm_device(group)
+    losses = torch.empty(run.steps, dtype=torch.float64)
+    shares = [distributed.contiguous_share(run.k, r, world) for r in range(world)]
 
     def gather_rows() -> torch.Tensor:
-        padded = torch.zeros(block, d, dtype=dtype, device=comm)
+        padded = torch.zeros(block, run.d, dtype=run.dtype, device=comm)
         padded[: len(own)] = X.detach().to(comm)
         pieces = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(pieces, padded, group=group)
+        torch.distributed.all_gather(pieces, padded, group=group)
         return torch.cat([piece[: len(sh)] for piece, sh in zip(pieces, shares)]).to(full.device)
 
-    bar = _step_bar(progress, 4.0 * k * k * d * steps / world, steps, f"pack k={k} d={d} p={p}, {world} ranks") \
-        if rank == 0 else None
+    def block_step(rows: torch.Tensor):
+        if not len(own):
+            return torch.zeros((), dtype=torch.float64), None
+        return gram_offdiag_penalty_block(rows, own.start, own.stop, run.p, run.backend)
+
     start = time.perf_counter()
-    try:
-        for step in range(steps):
+    with progress_bar(progress if rank == 0 else False, total=run.steps,
+                      desc=f"pack k={run.k} d={run.d} p={run.p}, {world} ranks", unit="step",
+                      work=4.0 * run.k * run.k * run.d * run.steps / world, auto_above=_PROGRESS_FLOPS) as bar:
+        for step in range(run.steps):
             rows = gather_rows()
-            if len(own):
-                part, grad = run_on_every_rank("optimize", lambda: rows_loss_and_grad(rows, own.start, own.stop, p,
-                                                                                       used_backend), group)
-            else:
-                part, grad = torch.zeros((), dtype=torch.float64), None
-                run_on_every_rank("optimize", lambda: None, group)
+            part, grad = distributed.run_on_every_rank("optimize", lambda: block_step(rows), group)
             total = part.detach().to(torch.float64).reshape(1).to(comm)
-            dist.all_reduce(total, group=group)
+            torch.distributed.all_reduce(total, group=group)
             if grad is not None:
                 X.grad = grad.to(X.dtype)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            losses[step] = float(total.to(compute_dtype(dtype)))
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    return _packing_result(k, d, steps, p, lr, seed, dtype, device, used_backend, eps_init, gather_rows(),
-                           losses.tolist(), start)
+            losses[step] = float(total.to(val.compute_dtype(run.dtype)))
+            bar.update(1)
+    return _packing_result(run, eps_init, gather_rows(), losses.tolist(), start)
 
 
 # ----------------------------------------------------------------------------------- sweep
-
-_CSV_FIELDS = ("k", "d", "steps", "p", "lr", "seed", "dtype", "eps_star", "eps_star_init",
-               "mean", "std", "mu_plus_2sigma", "welch", "eps_over_welch", "eps_minus_welch",
-               "loss_init", "loss_final")
-# A cell is reused on resume only when these match the sweep's settings.
-_SETTING_KEYS = ("steps", "seed", "dtype", "p", "lr")
-
 
 def _cell_record(result: PackingResult) -> dict:
     # Timings and the device are left out so that a resumed sweep writes the same file as an
@@ -295,52 +247,7 @@ def _cell_record(result: PackingResult) -> dict:
     rec = result.to_dict(history=False, timing=False)
     rec.pop("device")
     rec.pop("backend")
-    return {key: rec[key] for key in _CSV_FIELDS}
-
-
-def _read_cells(path: str) -> List[dict]:
-    if not os.path.exists(path):
-        return []
-    if path.endswith(".csv"):
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            if tuple(reader.fieldnames or ()) != _CSV_FIELDS:
-                raise ValueError(f"out={path!r} exists and is not a repcap_fast sweep file; pick another path")
-            rows = list(reader)
-        cells = []
-        for row in rows:
-            cell = {}
-            for key in _CSV_FIELDS:
-                value = row.get(key, "")
-                if key in ("k", "d", "steps", "p", "seed"):
-                    cell[key] = int(value)
-                elif key == "dtype":
-                    cell[key] = value
-                else:
-                    cell[key] = float(value) if value not in ("", "None") else None
-            cells.append(cell)
-        return cells
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    if not isinstance(data, dict) or data.get("format") != SWEEP_FORMAT:
-        raise ValueError(f"out={path!r} exists and is not a repcap_fast sweep file; pick another path")
-    return list(data["cells"])
-
-
-def _write_cells(path: str, cells: List[dict]) -> None:
-    """Atomically (write a temporary file, then rename): a kill never leaves a torn file."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        if path.endswith(".csv"):
-            writer = csv.DictWriter(f, fieldnames=_CSV_FIELDS, lineterminator="\n")
-            writer.writeheader()
-            for cell in cells:
-                writer.writerow({k: ("" if cell[k] is None else repr(cell[k]) if isinstance(cell[k], float) else cell[k])
-                                 for k in _CSV_FIELDS})
-        else:
-            json.dump({"format": SWEEP_FORMAT, "cells": cells}, f, indent=1)
-            f.write("\n")
-    os.replace(tmp, path)
+    return {key: rec[key] for key in CELL_FIELDS}
 
 
 def _matches(cell: dict, want: dict) -> bool:
@@ -387,22 +294,20 @@ def sweep(
     file, so a killed rank loses at most its cell in flight. Rank 0 shows the progress and ETA of
     its own cells. Every rank returns the same records.
     """
-    ks = list(dict.fromkeys(_check_int(k, "ks", 2) for k in ks))  # order kept, repeats dropped
-    ds = list(dict.fromkeys(_check_int(d, "ds", 1) for d in ds))
+    ks = list(dict.fromkeys(val.check_int(k, "ks", 2) for k in ks))  # order kept, repeats dropped
+    ds = list(dict.fromkeys(val.check_int(d, "ds", 1) for d in ds))
     if not ks or not ds:
         raise ValueError("ks and ds must each name at least one value")
-    steps = _check_int(steps, "steps", 1)
-    p = None if p is None else check_p(p)
-    lr = None if lr is None else _check_lr(lr)
-    dtype = _dtype(dtype)
+    steps = val.check_int(steps, "steps", 1)
+    p = None if p is None else check_p(p, resolve_backend(backend, torch.device(device), "gram_offdiag_penalty"))
+    lr = None if lr is None else val.check_positive_float(lr, "lr")
+    dtype = val.check_dtype(dtype)
     want = {"steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""), "p": p, "lr": lr}
     out = os.fspath(out)
-    from .distributed import assign_units, check_same_on_all_ranks, rank_and_world, resolve_group, run_on_every_rank
-
-    group = resolve_group(group)
-    rank, world = (0, 1) if group is None else rank_and_world(group)
-    existing = _read_cells(out)  # also when not resuming: never overwrite a foreign file
-    parts = _part_files(out)
+    group = distributed.resolve_group(group)
+    rank, world = (0, 1) if group is None else distributed.rank_and_world(group)
+    existing = read_cells(out)  # also when not resuming: never overwrite a foreign file
+    parts = part_files(out)
     if not resume:
         existing = []
         if group is None or rank == 0:
@@ -410,12 +315,12 @@ def sweep(
                 os.remove(path)
         parts = []
     for path in parts:
-        existing += _read_cells(path)
+        existing += read_cells(path)
     for cell in existing:
         if not _matches(cell, want):
             raise ValueError(
                 f"out={out!r} holds a cell (k={cell['k']}, d={cell['d']}) with other settings "
-                f"({ {key: cell[key] for key in _SETTING_KEYS} }; this sweep: {want}, None = the "
+                f"({ {key: cell[key] for key in SETTING_KEYS} }; this sweep: {want}, None = the "
                 "paper's default); use another file or "
                 "resume=False"
             )
@@ -423,87 +328,54 @@ def sweep(
     grid = [(k, d) for d in ds for k in ks]
     todo = [cell for cell in grid if cell not in done]
     if group is None and parts:  # a distributed sweep was cut short: its part files join `out` now
-        ordered = [done[c] for c in grid if c in done]
-        ordered += [c for key, c in done.items() if key not in set(grid)]
-        _write_cells(out, ordered)
+        write_cells(out, _grid_order(done, grid))
         for path in parts:
             os.remove(path)
     if group is not None:
-        check_same_on_all_ranks("sweep", {"grid": grid, "settings": want, "out": os.path.abspath(out),
-                                          "todo": todo}, group)
-        owner = assign_units([k * k * d * steps for k, d in todo], world)
+        distributed.check_same_on_all_ranks("sweep", {"grid": grid, "settings": want, "out": os.path.abspath(out),
+                                                      "todo": todo}, group)
+        owner = distributed.assign_units([k * k * d * steps for k, d in todo], world)
         todo = [cell for cell, o in zip(todo, owner) if o == rank]
-    bar = None
-    if progress and rank == 0:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(todo), desc="sweep" if group is None else f"sweep, rank 0 of {world}", unit=" cell")
-    mine = _read_cells(_part_file(out, rank)) if group is not None and resume else []
+    mine = read_cells(part_file(out, rank)) if group is not None and resume else []
 
     def run_mine():
-        try:
-            for k, d in todo:
-                if bar is not None:
-                    bar.set_postfix_str(f"k={k} d={d}")
+        with distributed.local(), \
+                progress_bar(progress and rank == 0, total=len(todo), unit="cell", leave=True,
+                             desc="sweep" if group is None else f"sweep, rank 0 of {world}") as bar:
+            for k, d in todo:  # each rank's cells are its own: no op inside may meet the other ranks
+                bar.set_postfix_str(f"k={k} d={d}")
                 result = optimize(k, d, steps=steps, p=p, lr=lr, seed=seed, device=device,
                                   dtype=dtype, backend=backend, progress=False)
                 done[(k, d)] = _cell_record(result)
                 if group is None:
-                    ordered = [done[c] for c in grid if c in done]
-                    ordered += [c for key, c in done.items() if key not in set(grid)]  # cells of other grids
-                    _write_cells(out, ordered)
+                    write_cells(out, _grid_order(done, grid))
                 else:
                     mine.append(done[(k, d)])
-                    _write_cells(_part_file(out, rank), mine)
-                if bar is not None:
-                    bar.update(1)
+                    write_cells(part_file(out, rank), mine)
+                bar.update(1)
                 if on_cell is not None:
                     on_cell(done[(k, d)])
-        finally:
-            if bar is not None:
-                bar.close()
 
     if group is None:
         run_mine()
         return [done[c] for c in grid]
-
-    def run_mine_locally():
-        from .distributed import local
-
-        with local():  # each rank's cells are its own: no op inside may meet the other ranks
-            run_mine()
-
-    run_on_every_rank("sweep", run_mine_locally, group)  # every rank has finished (or all raise)
+    distributed.run_on_every_rank("sweep", run_mine, group)  # every rank has finished (or all raise)
     if rank == 0:  # merge the part files into out, then remove them
         merged = {(c["k"], c["d"]): c for c in (existing if resume else [])}
-        for path in _part_files(out):
-            merged.update({(c["k"], c["d"]): c for c in _read_cells(path)})
-        ordered = [merged[c] for c in grid if c in merged]
-        ordered += [c for key, c in merged.items() if key not in set(grid)]
-        _write_cells(out, ordered)
-        for path in _part_files(out):
+        for path in part_files(out):
+            merged.update({(c["k"], c["d"]): c for c in read_cells(path)})
+        write_cells(out, _grid_order(merged, grid))
+        for path in part_files(out):
             os.remove(path)
-    run_on_every_rank("sweep (merge)", lambda: None, group)
-    final = {(c["k"], c["d"]): c for c in _read_cells(out)}
+    distributed.run_on_every_rank("sweep (merge)", lambda: None, group)
+    final = {(c["k"], c["d"]): c for c in read_cells(out)}
     return [final[c] for c in grid]
 
 
-def _part_file(out: str, rank: int) -> str:
-    return f"{out}.part{rank}"
-
-
-def _part_files(out: str) -> List[str]:
-    """The part files of a distributed sweep into `out`, from any earlier number of ranks."""
-    import glob
-
-    return sorted(p for p in glob.glob(glob.escape(out) + ".part*") if p[len(out) + 5 :].isdigit())
-
-
-def load_cells(path: str) -> List[dict]:
-    """The cells of a sweep file (JSON or CSV)."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no sweep results at {path!r}")
-    return _read_cells(path)
+def _grid_order(cells: dict, grid: List) -> List[dict]:
+    """The cells {(k, d): record} in grid order, then those of other grids (kept, never dropped)."""
+    keys = set(grid)
+    return [cells[c] for c in grid if c in cells] + [c for key, c in cells.items() if key not in keys]
 
 
 __all__ = ["PackingResult", "default_lr", "default_p", "load_cells", "optimize", "sweep"]

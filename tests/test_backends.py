@@ -1,54 +1,133 @@
+"""The dispatch table KERNELS[op][backend], its one resolution rule, info(), the kernels' limits
+from the compiled module, the precision guard, and the deprecated aliases of renamed modules."""
+
+import importlib
 import json
 import os
+import sys
+import warnings
 
 import pytest
 import torch
 
 import repcap_fast as rf
-from repcap_fast._backends import resolve_backend
+from repcap_fast import _backends
+from repcap_fast._backends import KERNELS, OPS, resolve_backend
+
+from _helpers import INTERPRETING
 
 
-def test_info_reports_build_and_choices():
-    info = rf.info()
-    json.dumps(info)  # serializable
-    assert info["built"]["cpu"] is True
-    assert info["built"]["triton"] is True
-    assert info["ops"]["pairwise_cosine_stats"]["cpu"] == "cpu"
-    expected_gpu = "cuda" if info["built"]["cuda"] else ("triton" if info["built"]["triton"] else "torch")
-    assert info["ops"]["pairwise_cosine_stats"]["cuda"] == expected_gpu
-    assert info["cuda_device"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
-    assert info["torch"] == torch.__version__
+def fake_build(monkeypatch, *, compiled=True, cuda=False, triton=True):
+    """Pretend the build has (or lacks) the compiled module, its CUDA kernels and triton."""
+    module = type("FakeC", (), {"build_info": staticmethod(lambda: {"cuda": cuda})})() if compiled else None
+    monkeypatch.setattr(_backends, "_compiled", lambda: (module, None if compiled else "not built"))
+    monkeypatch.setattr(_backends, "_triton", lambda: (object() if triton else None, None if triton else "no triton"))
+    monkeypatch.setattr(_backends, "build_info", lambda: module.build_info() if compiled else {})
 
 
-def test_auto_picks_cpp_on_cpu_and_never_the_interpreter():
-    assert resolve_backend("auto", torch.device("cpu")) == "cpu"
+@pytest.mark.parametrize("cuda,triton,want", [(True, True, "cuda"), (False, True, "triton"), (True, False, "cuda"),
+                                              (False, False, "torch")])
+def test_auto_on_cuda_tensors_follows_the_build(monkeypatch, cuda, triton, want):
+    fake_build(monkeypatch, cuda=cuda, triton=triton)
+    for op in OPS:
+        assert resolve_backend("auto", torch.device("cuda"), op) == want
+        assert rf.info()["ops"][op] == {"cpu": "cpu", "cuda": want}
+
+
+def test_auto_on_cpu_tensors_is_the_cpp_kernel_never_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for op in OPS:
+        assert resolve_backend("auto", torch.device("cpu"), op) == "cpu"
     assert rf.pairwise_cosine_stats(torch.randn(5, 3)).backend == "cpu"
 
 
-@pytest.mark.parametrize("forced", ["cpu", "cuda", "triton", "torch"])
-def test_info_works_whatever_the_env_var(monkeypatch, forced):
+def test_without_the_compiled_module_auto_warns_and_falls_back_to_torch(monkeypatch):
+    fake_build(monkeypatch, compiled=False)
+    monkeypatch.setattr(_backends, "_warned_missing_compiled", False)
+    with pytest.warns(RuntimeWarning, match="falls back to the slow float64 reference"):
+        assert resolve_backend("auto", torch.device("cpu"), "subspace_pga") == "torch"
+    with pytest.raises(RuntimeError, match="repcap_fast._C is not built.*pip install --no-build-isolation"):
+        resolve_backend("cpu", torch.device("cpu"), "pairwise_cosine_stats")
+    with pytest.raises(RuntimeError, match="is not built"):
+        _backends.kernel_limits()
+
+
+def test_every_op_has_every_backend_and_dispatch_returns_its_launcher():
+    for op in OPS:
+        assert sorted(KERNELS[op]) == sorted(_backends.BACKENDS), op
+        name, launcher = _backends.dispatch(op, "torch", torch.device("cpu"))
+        assert name == "torch" and launcher is KERNELS[op]["torch"]
+    # cpu and cuda run the same registered op, which the dispatcher routes by device
+    assert KERNELS["pairwise_cosine_stats"]["cpu"] is KERNELS["pairwise_cosine_stats"]["cuda"]
+    assert rf.info()["backends"] == {op: sorted(_backends.BACKENDS) for op in OPS}
+
+
+def test_register_kernel_rejects_unknown_names():
+    with pytest.raises(KeyError, match="unknown op"):
+        _backends.register_kernel("pairwise_cosine", "cpu")
+    with pytest.raises(KeyError, match="unknown backend"):
+        _backends.register_kernel("subspace_pga", "metal")(lambda: None)
+
+
+@pytest.mark.parametrize("forced", ["cpu", "torch"] + (["triton"] if INTERPRETING else []))
+def test_env_var_forces_a_backend_for_every_op(monkeypatch, forced):
     monkeypatch.setenv("REPCAP_BACKEND", forced)
-    info = rf.info()
-    assert info["backend_env"] == forced
-    assert info["ops"]["pairwise_cosine_stats"]["cpu"] == "cpu"
+    x = torch.randn(12, 4, dtype=torch.float64)
+    assert rf.pairwise_cosine_stats(x).backend == forced
+    assert rf.subspace_pga(x, torch.randn(20, 4, dtype=torch.float64), k=2, n_null=3).backend == forced
+    assert rf.packing.optimize(6, 3, steps=2).backend == forced
+    # an explicit backend wins over the variable, and info() reports the automatic choice beside it
+    assert rf.pairwise_cosine_stats(x, backend="cpu").backend == "cpu"
+    assert rf.info()["backend_env"] == forced and rf.info()["ops"]["pairwise_cosine_stats"]["cpu"] == "cpu"
 
 
 def test_cli_json_with_forced_backend(monkeypatch, tmp_path):
-    from repcap_fast.cli import main
     import numpy as np
 
-    monkeypatch.setenv("REPCAP_BACKEND", "cpu")
+    from repcap_fast.cli import main
+
+    monkeypatch.setenv("REPCAP_BACKEND", "torch")
     src = tmp_path / "x.npy"
     np.save(src, np.random.default_rng(1).standard_normal((50, 6)).astype(np.float32))
     assert main(["epsilon", str(src), "--json", str(tmp_path / "o.json")]) == 0
-    assert json.loads((tmp_path / "o.json").read_text())["provenance"]["backend"] == "cpu"
+    assert json.loads((tmp_path / "o.json").read_text())["provenance"]["backend"] == "torch"
 
 
-def test_env_var_forces_a_backend(monkeypatch):
-    monkeypatch.setenv("REPCAP_BACKEND", "torch")
-    assert rf.pairwise_cosine_stats(torch.randn(5, 3)).backend == "torch"
-    # An explicit backend wins over the variable.
-    assert rf.pairwise_cosine_stats(torch.randn(5, 3), backend="cpu").backend == "cpu"
+def test_limits_and_precision_codes_come_from_the_compiled_module():
+    info = rf._C.build_info()
+    assert _backends.kernel_limits()._asdict() == dict(info["limits"]) == rf.info()["limits"]
+    assert info["limits"]["pga_rank_tokens"] * (info["limits"]["pga_rank_tokens"] - 1) // 2 < 2**32
+    assert {p: _backends.precision_code(p) for p in _backends.PRECISIONS} == dict(info["precisions"])
+    with pytest.raises(ValueError, match="precision must be one of"):
+        _backends.precision_code("medium")
+
+
+@pytest.mark.parametrize("precision,fp32", [("highest", "ieee"), ("tf32", "tf32")])
+def test_cublas_precision_sets_and_restores_the_setting_on_cuda_only(precision, fp32):
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    with _backends.cublas_precision(precision, torch.device("cpu")):
+        assert matmul.fp32_precision == before  # CPU tensors: nothing changes
+    with _backends.cublas_precision(precision, torch.device("cuda")):
+        assert matmul.fp32_precision == fp32
+    assert matmul.fp32_precision == before
+    with pytest.raises(ValueError, match="precision must be one of"):
+        with _backends.cublas_precision("fast", torch.device("cuda")):
+            pass
+
+
+def test_triton_input_precision():
+    assert _backends.triton_input_precision("highest", torch.float32) == "ieee"
+    assert _backends.triton_input_precision("tf32", torch.float32) == "tf32"
+    assert _backends.triton_input_precision("highest", torch.float64) == "ieee"
+    assert _backends.triton_input_precision("highest", torch.bfloat16) == "tf32"  # 16-bit: tensor cores
+
+
+def test_info_is_json_and_reports_versions():
+    info = rf.info()
+    assert json.loads(json.dumps(info)) == info
+    assert info["built"]["cpu"] is True and info["torch"] == torch.__version__
+    assert info["cuda_device"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
 
 
 def test_triton_kernels_live_inside_the_package():
@@ -68,10 +147,38 @@ def test_cli_info(capsys):
 
     assert main(["info"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["built"]["cpu"] is True
+    assert out["built"]["cpu"] is True and out["limits"]["histogram_bins"] == 65536
 
 
 @pytest.mark.gpu
-def test_auto_on_gpu_prefers_cuda_kernels():
-    name = resolve_backend("auto", torch.device("cuda"))
-    assert name == ("cuda" if rf.info()["built"]["cuda"] else "triton")
+def test_auto_on_gpu_prefers_the_cuda_kernels():
+    assert resolve_backend("auto", torch.device("cuda"), "pairwise_cosine_stats") == \
+        ("cuda" if rf.info()["built"]["cuda"] else "triton")
+
+
+# --- renamed modules and functions keep working, with a deprecation warning -----------------------
+
+@pytest.mark.parametrize("module,names", [
+    ("repcap_fast.cosine_stats", ["pairwise_cosine_stats", "cosine_moments", "CosineStats",
+                                  "pairwise_cosine_stats_sharded", "epsilon"]),
+    ("repcap_fast.penalty", ["gram_offdiag_penalty", "gram_offdiag_rows", "rows_loss_and_grad", "check_p"]),
+])
+def test_old_modules_warn_and_keep_their_names(module, names):
+    sys.modules.pop(module, None)
+    with pytest.warns(DeprecationWarning, match=module):
+        mod = importlib.import_module(module)
+    for name in names:
+        assert callable(getattr(mod, name)), name
+
+
+def test_old_function_names_warn_and_give_the_same_values():
+    X = torch.randn(30, 5, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(DeprecationWarning, match="gram_offdiag_row_stats"):
+        old = rf.gram_offdiag_rows(X, 4)
+    new = rf.gram_offdiag_row_stats(X, 4)
+    assert torch.equal(old[0], new[0]) and torch.equal(old[1], new[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from repcap_fast.penalty import rows_loss_and_grad
+    loss, grad = rows_loss_and_grad(X, 0, 30, 4)
+    assert float(loss) == pytest.approx(float(new[1].sum()), rel=1e-6) and grad.shape == (30, 5)

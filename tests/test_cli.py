@@ -43,6 +43,7 @@ def test_missing_source(capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_default_model_console_script(minilm_embeddings, tmp_path):
     out = tmp_path / "minilm.json"
     proc = subprocess.run(

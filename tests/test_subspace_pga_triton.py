@@ -9,8 +9,9 @@ from scipy.spatial.distance import pdist
 from scipy.stats import rankdata
 
 from repcap_fast import pga
+from repcap_fast.reference import average_ranks, condensed_cosine_distances, subspace_rhos_reference
 
-from conftest import cpu_backends
+from _helpers import cpu_backends
 
 pytestmark = pytest.mark.skipif("triton" not in cpu_backends(), reason="Triton interpreter not available")
 
@@ -64,12 +65,12 @@ def reference_rhos(x, bases, ref):
         if bool((torch.linalg.vector_norm(x.double() @ b, dim=1) == 0).any()):
             out.append(float("nan"))
         else:
-            out.extend(pga._subspace_rhos_torch(x.double(), ref, b[None]))
+            out.extend(subspace_rhos_reference(x.double(), b[None]))
     return np.array(out)
 
 
 def ref_ranks_of(x):
-    return pga.average_ranks(pga._condensed_cosine_distances(x.double(), "x"))
+    return average_ranks(condensed_cosine_distances(x.double(), "x"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -204,7 +205,7 @@ def test_rhos_reject_bad_ref_ranks(kern):
         "sum": torch.where(ref == 15, torch.full_like(ref, 14.0), ref),
         "nan": torch.where(ref == 15, torch.full_like(ref, float("nan")), ref),
     }
-    for name, r in bad.items():
+    for _name, r in bad.items():
         with pytest.raises(ValueError, match="ref_ranks must be average ranks"):
             kern.subspace_pga_rhos_triton(x, bases, r)
     with pytest.raises(ValueError, match="ref_ranks must have length 15"):
@@ -219,8 +220,8 @@ def test_rhos_reject_bad_ref_ranks(kern):
 def test_an_unwritten_pair_is_detected(kern, dtype, monkeypatch):
     real = kern._keys
 
-    def drop_a_pair(u, out_mode, twice=None):
-        keys = real(u, out_mode, twice)
+    def drop_a_pair(u, out_mode, precision, twice=None):
+        keys = real(u, out_mode, precision, twice)
         keys[:, 3] = float("nan") if keys.dtype == torch.float64 else -1  # the poison
         return keys
 

@@ -1,6 +1,7 @@
 """Triton kernels of gram_offdiag_penalty: the off-diagonal Gram power penalty, streamed.
 
-For x (k×d) and g = x xᵀ (never materialized), per row i:
+For the rows i ∈ [row_offset, row_offset + m) of x (k×d) and g = x xᵀ (never materialized),
+per row i (output row r = i − row_offset; the square penalty is row_offset = 0, m = k):
     m_i        = max_{j≠i} |g_ij|                                   (row_max, x.dtype; 0 when k = 1)
     s_i        = Σ_{j≠i} (|g_ij| / m_i)^p                           (row_sum, float64; 0 when m_i = 0)
     grad_dir_i = Σ_{j≠i} sign(g_ij) (|g_ij| / m_i)^(p-1) x_j        (x.dtype; 0 when m_i = 0)
@@ -26,14 +27,15 @@ Everything is bitwise repeatable: fixed reduction orders, no float atomics. Inte
 repeated squaring with a runtime exponent (one compiled kernel serves every p).
 """
 
-import contextlib
 import math
-import os
 from collections import namedtuple
 
 import torch
 import triton
 import triton.language as tl
+
+from .._backends import kernel_limits
+from ._utils import device_guard, input_precision, interpreting
 
 # Largest d for which the gradient accumulator (BLOCK_M × next_pow2(d)) stays in registers; beyond
 # it the panel path runs. Tests monkeypatch these to drive either path at small sizes.
@@ -42,10 +44,6 @@ FUSED_MAX_D = {torch.float32: 256, torch.float64: 128}
 # (rows × columns, elements of x.dtype) of tile-local weights.
 PANEL_COLS = 2048
 PANEL_MAX_ELEMS = 1 << 26
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # r^e for an integer e = Σ_b bit_b 2^b ≥ 0 with nbits = e.bit_length(): repeated squaring,
@@ -131,58 +129,60 @@ def _weights_and_sums(g, m, pm1, nbits):
     return w, sums
 
 
-# Per row block I (rows i), streamed over column blocks J:
+# Per row block I (rows i = row_offset + r, r < m), streamed over column blocks J:
 #   G = X_I X_Jᵀ,  a_ij = |G_ij| (j ≠ i),  m' = max(m, max_j a_ij),
 #   s ← s·(m/m')^p + Σ_j min(a_ij/m', 1)^p  (float64),  m ← m'.
-# Out: row_max[i] = m_i, row_sum[i] = s_i. k and the exponent p (pbits = p.bit_length()) are not
-# specialized (a value of 1 would become a constexpr); d and the stride are, for aligned loads.
-@triton.jit(do_not_specialize=["k", "p", "pbits"])
+# Out: row_max[r] = m_i, row_sum[r] = s_i. Sizes and the exponent p (pbits = p.bit_length()) are
+# not specialized (a value of 1 would become a constexpr); d and the stride are, for aligned loads.
+@triton.jit(do_not_specialize=["k", "row_offset", "m", "p", "pbits"])
 def _gram_offdiag_forward_kernel(
-    x_ptr, k, d, stride_x, p, pbits,
+    x_ptr, k, row_offset, m, d, stride_x, p, pbits,
     row_max_ptr, row_sum_ptr,
     INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < k
-    m = tl.zeros([BLOCK_M], dtype=x_ptr.dtype.element_ty)
+    local = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = row_offset + local
+    row_ok = local < m
+    mx = tl.zeros([BLOCK_M], dtype=x_ptr.dtype.element_ty)
     s = tl.zeros([BLOCK_M], dtype=tl.float64)
     for col0 in range(0, k, BLOCK_N):
         cols = col0 + tl.arange(0, BLOCK_N)
         g = _gram_tile(x_ptr, rows, cols, row_ok, cols < k, d, stride_x,
                        INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
         a = tl.abs(_offdiag(g, rows, cols, k))
-        m_new = tl.maximum(m, tl.max(a, axis=1))
+        m_new = tl.maximum(mx, tl.max(a, axis=1))
         terms = _powi(_ratio(a, m_new, _safe_inv(m_new)), p, pbits)
-        alpha, _ = _rescale(m, m_new, p, pbits)
+        alpha, _ = _rescale(mx, m_new, p, pbits)
         s = s * alpha + tl.sum(terms.to(tl.float64), axis=1)
-        m = m_new
-    tl.store(row_max_ptr + rows, m, mask=row_ok)
-    tl.store(row_sum_ptr + rows, s, mask=row_ok)
+        mx = m_new
+    tl.store(row_max_ptr + local, mx, mask=row_ok)
+    tl.store(row_sum_ptr + local, s, mask=row_ok)
 
 
 # As the forward kernel, plus the gradient direction with X_I and the accumulator in registers
 # (d ≤ BLOCK_D):
 #   w_ij = sign(G_ij)·min(a_ij/m', 1)^(p-1) (0 where a_ij = 0),
 #   acc ← acc·(m/m')^(p-1) + W X_J.
-# Out: grad[i, :d] = acc_i.
-@triton.jit(do_not_specialize=["k", "pm1", "nbits"])
+# Out: grad[r, :d] = acc_i.
+@triton.jit(do_not_specialize=["k", "row_offset", "m", "pm1", "nbits"])
 def _gram_offdiag_fused_kernel(
-    x_ptr, k, d, stride_x, pm1, nbits,
+    x_ptr, k, row_offset, m, d, stride_x, pm1, nbits,
     row_max_ptr, row_sum_ptr, grad_ptr, stride_grad,
     INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < k
+    local = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = row_offset + local
+    row_ok = local < m
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < d
     dtype = x_ptr.dtype.element_ty
     xi = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_x + offs_d[None, :],
                  mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    m = tl.zeros([BLOCK_M], dtype=dtype)
+    mx = tl.zeros([BLOCK_M], dtype=dtype)
     s = tl.zeros([BLOCK_M], dtype=tl.float64)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=dtype)
     for col0 in range(0, k, BLOCK_N):
@@ -192,15 +192,15 @@ def _gram_offdiag_fused_kernel(
         g = tl.dot(xi, tl.trans(xj), tl.zeros([BLOCK_M, BLOCK_N], dtype=dtype),
                    input_precision=INPUT_PRECISION, out_dtype=dtype)
         g = _offdiag(g, rows, cols, k)
-        m_new = tl.maximum(m, tl.max(tl.abs(g), axis=1))
+        m_new = tl.maximum(mx, tl.max(tl.abs(g), axis=1))
         w, sums = _weights_and_sums(g, m_new, pm1, nbits)
-        beta, alpha = _rescale(m, m_new, pm1, nbits)
+        beta, alpha = _rescale(mx, m_new, pm1, nbits)
         s = s * alpha + sums
         acc = tl.dot(w, xj, acc * beta.to(dtype)[:, None], input_precision=INPUT_PRECISION, out_dtype=dtype)
-        m = m_new
-    tl.store(row_max_ptr + rows, m, mask=row_ok)
-    tl.store(row_sum_ptr + rows, s, mask=row_ok)
-    tl.store(grad_ptr + rows.to(tl.int64)[:, None] * stride_grad + offs_d[None, :], acc,
+        mx = m_new
+    tl.store(row_max_ptr + local, mx, mask=row_ok)
+    tl.store(row_sum_ptr + local, s, mask=row_ok)
+    tl.store(grad_ptr + local.to(tl.int64)[:, None] * stride_grad + offs_d[None, :], acc,
              mask=row_ok[:, None] & d_ok[None, :])
 
 
@@ -237,17 +237,17 @@ def _gram_panel_kernel(
 # Panel step 2, per panel row i (first: no running state yet, m = s = 0):
 #   m' = max(m, max_tile t),  s ← s·(m/m')^p + Σ_tile σ·(t/m')^p  (fixed tile order),
 #   β_i = (m/m')^(p-1),  γ_i,tile = (t/m')^(p-1),  m ← m'.
-# Out: row_max, row_sum (running, global rows); beta[i], gamma[i, tile] (panel-local, x.dtype).
-@triton.jit(do_not_specialize=["k", "row0", "n_col_tiles", "first", "pm1", "nbits"])
+# Out: row_max, row_sum (running; the pointers start at the panel's first row, of which n_rows
+# are kept); beta[i], gamma[i, tile] (panel-local, x.dtype).
+@triton.jit(do_not_specialize=["n_rows", "n_col_tiles", "first", "pm1", "nbits"])
 def _panel_merge_kernel(
-    tmax_ptr, tsum_ptr, stride_t, k, row0, n_col_tiles, first, pm1, nbits,
+    tmax_ptr, tsum_ptr, stride_t, n_rows, n_col_tiles, first, pm1, nbits,
     row_max_ptr, row_sum_ptr, beta_ptr, gamma_ptr,
     BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     pid = tl.program_id(0)
     lrows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = row0 + lrows
-    row_ok = rows < k
+    row_ok = lrows < n_rows
     tiles = tl.arange(0, BLOCK_T)
     t_ok = row_ok[:, None] & (tiles < n_col_tiles)[None, :]
     t_off = lrows.to(tl.int64)[:, None] * stride_t + tiles[None, :]
@@ -255,8 +255,8 @@ def _panel_merge_kernel(
     tsum = tl.load(tsum_ptr + t_off, mask=t_ok, other=0.0)
     # (splat first: a scalar compare as a mask trips the interpreter)
     has_state = row_ok & (tl.full([BLOCK_M], first, tl.int32) == 0)
-    m = tl.load(row_max_ptr + rows, mask=has_state, other=0.0)
-    s = tl.load(row_sum_ptr + rows, mask=has_state, other=0.0)
+    m = tl.load(row_max_ptr + lrows, mask=has_state, other=0.0)
+    s = tl.load(row_sum_ptr + lrows, mask=has_state, other=0.0)
     m_new = tl.maximum(m, tl.max(tmax, axis=1))
     beta, alpha = _rescale(m, m_new, pm1, nbits)
     mn = m_new.to(tl.float64)[:, None]
@@ -265,8 +265,8 @@ def _panel_merge_kernel(
     gamma = tl.where(t_ok, _powi(ratio, pm1, nbits), 0.0)
     s = s * alpha + tl.sum(tsum * gamma * ratio, axis=1)
     dtype = row_max_ptr.dtype.element_ty
-    tl.store(row_max_ptr + rows, m_new, mask=row_ok)
-    tl.store(row_sum_ptr + rows, s, mask=row_ok)
+    tl.store(row_max_ptr + lrows, m_new, mask=row_ok)
+    tl.store(row_sum_ptr + lrows, s, mask=row_ok)
     tl.store(beta_ptr + lrows, beta.to(dtype))
     tl.store(gamma_ptr + t_off, gamma.to(dtype))
 
@@ -275,10 +275,10 @@ def _panel_merge_kernel(
 #   acc[i, D] ← β_i·acc[i, D] + Σ_c γ_i,tile(c) W'_ic x_{col0+c, D}
 # (acc read only when not first). TILE_N (step 1's BLOCK_N) is a multiple of BLOCK_K, so one γ
 # per row and K step.
-@triton.jit(do_not_specialize=["k", "row0", "col0", "n_cols", "first"])
+@triton.jit(do_not_specialize=["n_rows", "col0", "n_cols", "first"])
 def _panel_gemm_kernel(
     w_ptr, stride_w, gamma_ptr, stride_t, beta_ptr, x_ptr, stride_x, grad_ptr, stride_grad,
-    k, d, row0, col0, n_cols, first,
+    n_rows, d, col0, n_cols, first,
     INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr, TILE_N: tl.constexpr,
 ):
@@ -288,8 +288,7 @@ def _panel_gemm_kernel(
     db = pid % n_d_blocks
     lrows = ib * BLOCK_M + tl.arange(0, BLOCK_M)
     lrows64 = lrows.to(tl.int64)
-    rows = row0 + lrows
-    row_ok = rows < k
+    row_ok = lrows < n_rows  # grad_ptr starts at the panel's first row, of which n_rows are kept
     dcols = db * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = dcols < d
     offs_c = tl.arange(0, BLOCK_K)
@@ -303,7 +302,7 @@ def _panel_gemm_kernel(
         xc = tl.load(x_ptr + (col0 + lc).to(tl.int64)[:, None] * stride_x + dcols[None, :],
                      mask=c_ok[:, None] & d_ok[None, :], other=0.0)
         acc = tl.dot(w * gam[:, None], xc, acc, input_precision=INPUT_PRECISION, out_dtype=dtype)
-    out = grad_ptr + rows.to(tl.int64)[:, None] * stride_grad + dcols[None, :]
+    out = grad_ptr + lrows64[:, None] * stride_grad + dcols[None, :]
     out_ok = row_ok[:, None] & d_ok[None, :]
     has_state = (tl.full([BLOCK_M], first, tl.int32) == 0)[:, None]
     old = tl.load(out, mask=out_ok & has_state, other=0.0)
@@ -314,7 +313,7 @@ def _panel_gemm_kernel(
 Tile = namedtuple("Tile", "block_m block_n block_k num_warps num_stages")
 
 
-def _config(kind: str, dtype: torch.dtype, interpreting: bool, precision: str = "ieee",
+def _config(kind: str, dtype: torch.dtype, interp: bool, precision: str = "ieee",
             block_d: int = 0) -> Tile:
     """Tile sizes per kernel. kind: "gram" (forward and panel step 1: BLOCK_M, BLOCK_N, BLOCK_K),
     "fused" (BLOCK_M, BLOCK_N; block_k unused), "gemm" (BLOCK_M, BLOCK_D as block_n, BLOCK_K),
@@ -322,7 +321,7 @@ def _config(kind: str, dtype: torch.dtype, interpreting: bool, precision: str = 
     spilling (tf32 panel step 1: 28 bytes), per tests/triton_aot_compile_penalty.py --ptxas-info."""
     fp64 = dtype == torch.float64
     tf32 = precision == "tf32" and not fp64
-    if interpreting:
+    if interp:
         return Tile(32, 32, 32, 4, 1)
     if kind == "gram":
         if fp64:
@@ -347,55 +346,51 @@ def _round_up(n: int, q: int) -> int:
     return -(-n // q) * q
 
 
-def _panel_configs(dtype: torch.dtype, interpreting: bool, precision: str):
-    return tuple(_config(kind, dtype, interpreting, precision) for kind in ("gram", "gemm", "merge"))
+def _panel_configs(dtype: torch.dtype, interp: bool, precision: str):
+    return tuple(_config(kind, dtype, interp, precision) for kind in ("gram", "gemm", "merge"))
 
 
-def _panel_shape(k: int, dtype: torch.dtype, interpreting: bool, precision: str):
-    """(rows R, columns C, BLOCK_T) of a panel: C ≤ PANEL_COLS and R·C ≤ PANEL_MAX_ELEMS where the
-    tile quanta allow, both whole tiles; BLOCK_T ≥ C/step-1 BLOCK_N (independent of k)."""
-    gram, gemm, merge = _panel_configs(dtype, interpreting, precision)
+def _panel_shape(m: int, k: int, dtype: torch.dtype, interp: bool, precision: str):
+    """(rows R, columns C, BLOCK_T) of a panel of the m rows against k columns: C ≤ PANEL_COLS and
+    R·C ≤ PANEL_MAX_ELEMS where the tile quanta allow, both whole tiles; BLOCK_T ≥ C/step-1 BLOCK_N
+    (independent of k)."""
+    gram, gemm, merge = _panel_configs(dtype, interp, precision)
     assert gram.block_n % gemm.block_k == 0
     col_q = gram.block_n
     row_q = math.lcm(gram.block_m, gemm.block_m, merge.block_m)
     max_cols = max(col_q, PANEL_COLS // col_q * col_q)
     cols = min(_round_up(k, col_q), max_cols)
-    rows = min(_round_up(k, row_q), max(row_q, PANEL_MAX_ELEMS // cols // row_q * row_q))
+    rows = min(_round_up(m, row_q), max(row_q, PANEL_MAX_ELEMS // cols // row_q * row_q))
     return rows, cols, triton.next_power_of_2(max_cols // col_q)
 
 
-def _input_precision(dtype: torch.dtype) -> str:
-    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
-        return "tf32"
-    return "ieee"
-
-
-def _launch(x, p, with_grad, row_max, row_sum, grad, interpreting):
-    """Runs the kernels into the (poisoned) outputs. x contiguous, k, d ≥ 1."""
+def _launch(x, row_offset, m, p, with_grad, row_max, row_sum, grad, precision, interp):
+    """Runs the kernels for the rows [row_offset, row_offset + m) of x into the (poisoned)
+    outputs of m rows. x contiguous, k, d ≥ 1. No host synchronization."""
     k, d = x.shape
     dtype = x.dtype
     pm1 = p - 1
     nbits = pm1.bit_length()
-    precision = _input_precision(dtype)
+    precision = input_precision(precision, dtype)
     if not with_grad:
-        cfg = _config("gram", dtype, interpreting, precision)
-        _gram_offdiag_forward_kernel[(triton.cdiv(k, cfg.block_m),)](
-            x, k, d, x.stride(0), p, p.bit_length(), row_max, row_sum,
+        cfg = _config("gram", dtype, interp, precision)
+        _gram_offdiag_forward_kernel[(triton.cdiv(m, cfg.block_m),)](
+            x, k, row_offset, m, d, x.stride(0), p, p.bit_length(), row_max, row_sum,
             INPUT_PRECISION=precision, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return
     if d <= FUSED_MAX_D[dtype]:
         block_d = _fused_block_d(d)
-        cfg = _config("fused", dtype, interpreting, precision, block_d)
-        _gram_offdiag_fused_kernel[(triton.cdiv(k, cfg.block_m),)](
-            x, k, d, x.stride(0), pm1, nbits, row_max, row_sum, grad, grad.stride(0),
+        cfg = _config("fused", dtype, interp, precision, block_d)
+        _gram_offdiag_fused_kernel[(triton.cdiv(m, cfg.block_m),)](
+            x, k, row_offset, m, d, x.stride(0), pm1, nbits, row_max, row_sum, grad, grad.stride(0),
             INPUT_PRECISION=precision, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return
-    gram, gemm, merge = _panel_configs(dtype, interpreting, precision)
-    panel_rows, panel_cols, block_t = _panel_shape(k, dtype, interpreting, precision)
+    gram, gemm, merge = _panel_configs(dtype, interp, precision)
+    panel_rows, panel_cols, block_t = _panel_shape(m, k, dtype, interp, precision)
     dev = x.device
     # Panel-local scratch, rewritten by each panel before it is read (zeroed once, so rows of a
     # short last row panel that step 3 reads but no output keeps are finite). Per-tile arrays have
@@ -405,60 +400,66 @@ def _launch(x, p, with_grad, row_max, row_sum, grad, interpreting):
     tsum = torch.zeros((panel_rows, block_t), dtype=torch.float64, device=dev)
     gamma = torch.zeros((panel_rows, block_t), dtype=dtype, device=dev)
     beta = torch.zeros((panel_rows,), dtype=dtype, device=dev)
-    for row0 in range(0, k, panel_rows):
-        n_rows = min(panel_rows, k - row0)
+    for r0 in range(0, m, panel_rows):  # panel rows: output rows r0.., x rows row_offset + r0..
+        n_rows = min(panel_rows, m - r0)
         for col0 in range(0, k, panel_cols):
             n_cols = min(panel_cols, k - col0)
             n_col_tiles = triton.cdiv(n_cols, gram.block_n)
             first = int(col0 == 0)
             _gram_panel_kernel[(triton.cdiv(n_rows, gram.block_m) * n_col_tiles,)](
-                x, k, d, x.stride(0), row0, col0, n_col_tiles, pm1, nbits,
+                x, k, d, x.stride(0), row_offset + r0, col0, n_col_tiles, pm1, nbits,
                 w, w.stride(0), tmax, tsum, tmax.stride(0),
                 INPUT_PRECISION=precision, BLOCK_M=gram.block_m, BLOCK_N=gram.block_n,
                 BLOCK_K=gram.block_k, num_warps=gram.num_warps, num_stages=gram.num_stages,
             )
             _panel_merge_kernel[(triton.cdiv(n_rows, merge.block_m),)](
-                tmax, tsum, tmax.stride(0), k, row0, n_col_tiles, first, pm1, nbits,
-                row_max, row_sum, beta, gamma,
+                tmax, tsum, tmax.stride(0), n_rows, n_col_tiles, first, pm1, nbits,
+                row_max[r0:], row_sum[r0:], beta, gamma,
                 BLOCK_M=merge.block_m, BLOCK_T=block_t,
                 num_warps=merge.num_warps, num_stages=merge.num_stages,
             )
             _panel_gemm_kernel[(triton.cdiv(n_rows, gemm.block_m) * triton.cdiv(d, gemm.block_n),)](
-                w, w.stride(0), gamma, gamma.stride(0), beta, x, x.stride(0), grad, grad.stride(0),
-                k, d, row0, col0, n_cols, first,
+                w, w.stride(0), gamma, gamma.stride(0), beta, x, x.stride(0), grad[r0:], grad.stride(0),
+                n_rows, d, col0, n_cols, first,
                 INPUT_PRECISION=precision, BLOCK_M=gemm.block_m, BLOCK_D=gemm.block_n,
                 BLOCK_K=gemm.block_k, TILE_N=gram.block_n,
                 num_warps=gemm.num_warps, num_stages=gemm.num_stages,
             )
 
 
-def gram_offdiag_penalty_triton(x: torch.Tensor, p: int, with_grad: bool):
-    """Launcher. x: k×d float32/float64 on a CUDA device (or the CPU under TRITON_INTERPRET=1),
-    p ≥ 1. Returns (row_max [k] x.dtype, row_sum [k] float64, grad_dir [k, d] x.dtype, or
+def gram_offdiag_penalty_triton(q: torch.Tensor, x: torch.Tensor, row_offset: int, p: int, with_grad: bool,
+                                precision: str = "highest"):
+    """Launcher. The contract of torch.ops.repcap_fast.gram_offdiag_penalty (csrc/module.cpp):
+    the rows q = x[row_offset : row_offset + m] (read from x) against all k rows of x, float32 or
+    float64 on a CUDA device (or the CPU under TRITON_INTERPRET=1), p ≥ 1, precision "highest" or
+    "tf32". Returns (row_max [m] x.dtype, row_sum [m] float64, grad_dir [m, d] x.dtype, or
     x.new_empty(0) without with_grad) on x's device; see the module docstring for the math."""
-    interpreting = _interpreting()
-    if x.dim() != 2:
-        raise ValueError(f"gram_offdiag_penalty (triton): x must be 2-D, got shape {tuple(x.shape)}")
-    if x.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"gram_offdiag_penalty (triton): x must be float32 or float64, got {x.dtype}")
-    if x.device.type != "cuda" and not interpreting:
+    interp = interpreting()
+    if x.dim() != 2 or q.dim() != 2 or q.shape[1] != x.shape[1]:
+        raise ValueError(f"gram_offdiag_penalty (triton): q (m×d) and x (k×d) must be 2-D with one d, got shapes "
+                         f"{tuple(q.shape)} and {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.float64) or q.dtype != x.dtype:
+        raise TypeError(f"gram_offdiag_penalty (triton): x and q must be float32 or float64, got {x.dtype}, {q.dtype}")
+    if x.device.type != "cuda" and not interp:
         raise ValueError("gram_offdiag_penalty (triton): x must be on a CUDA device")
     p = int(p)
-    if p < 1 or p >= 2**31:
-        raise ValueError(f"gram_offdiag_penalty (triton): p must be in [1, 2^31), got {p}")
+    if not 1 <= p <= kernel_limits().penalty_p:
+        raise ValueError(f"gram_offdiag_penalty (triton): p must be in [1, {kernel_limits().penalty_p}], got {p}")
+    m = q.shape[0]
+    if not (0 <= row_offset and row_offset + m <= x.shape[0]):
+        raise ValueError(f"gram_offdiag_penalty (triton): rows [row_offset, row_offset + m) must lie in x's "
+                         f"{x.shape[0]} rows, got row_offset {row_offset} and m {m}")
     with_grad = bool(with_grad)
     x = x.contiguous()
     k, d = x.shape
     dev = x.device
-    if k == 0 or d == 0:  # no nonzero pair: m = s = 0, grad = 0
-        grad = torch.zeros((k, d), dtype=x.dtype, device=dev) if with_grad else x.new_empty(0)
-        return (torch.zeros(k, dtype=x.dtype, device=dev), torch.zeros(k, dtype=torch.float64, device=dev),
-                grad)
+    if m == 0 or k == 0 or d == 0:  # no nonzero pair: m = s = 0, grad = 0
+        grad = torch.zeros((m, d), dtype=x.dtype, device=dev) if with_grad else x.new_empty(0)
+        return (torch.zeros(m, dtype=x.dtype, device=dev), torch.zeros(m, dtype=torch.float64, device=dev), grad)
     # Poisoned outputs: a slot the kernels fail to write shows up as NaN.
-    row_max = torch.full((k,), float("nan"), dtype=x.dtype, device=dev)
-    row_sum = torch.full((k,), float("nan"), dtype=torch.float64, device=dev)
-    grad = torch.full((k, d), float("nan"), dtype=x.dtype, device=dev) if with_grad else x.new_empty(0)
-    guard = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
-    with guard:  # launch on the input's GPU
-        _launch(x, p, with_grad, row_max, row_sum, grad, interpreting)
+    row_max = torch.full((m,), float("nan"), dtype=x.dtype, device=dev)
+    row_sum = torch.full((m,), float("nan"), dtype=torch.float64, device=dev)
+    grad = torch.full((m, d), float("nan"), dtype=x.dtype, device=dev) if with_grad else x.new_empty(0)
+    with device_guard(x):
+        _launch(x, int(row_offset), m, p, with_grad, row_max, row_sum, grad, precision, interp)
     return row_max, row_sum, grad

@@ -3,38 +3,16 @@
 Each program walks a fixed, strided set of tiles of the upper triangle (or of the full m x n
 grid) and keeps its own partials: Σc and Σc² in float64 (each c squared and summed in float64),
 min, max, counts below/above the histogram range, and its own int64 histogram slice (integer
-atomics). The launcher merges
-the per-program partials on the host in program order, so results are bitwise repeatable.
+atomics). The launcher merges the per-program partials on the host in program order, so results
+are bitwise repeatable.
 """
-
-import contextlib
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-# math_mode of the op (repcap_fast.cosine_stats.PRECISIONS) -> tl.dot input_precision.
-MATH_EXACT_FP32 = 0
-MATH_TF32 = 1
-_INPUT_PRECISION = {MATH_EXACT_FP32: "ieee", MATH_TF32: "tf32"}
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-@triton.jit
-def _upper_tile_coords(t, nb):
-    # Row-major enumeration of tiles bi <= bj: row bi starts at bi*nb - bi*(bi-1)/2.
-    two_n1 = tl.cast(2 * nb + 1, tl.float64)  # nb may be a constexpr int (== 1) on GPU
-    disc = two_n1 * two_n1 - 8.0 * t.to(tl.float64)
-    bi = ((two_n1 - tl.sqrt(tl.maximum(disc, 0.0))) * 0.5).to(tl.int64)
-    bi = tl.minimum(tl.maximum(bi, 0), nb - 1)
-    bi = tl.where(bi * nb - bi * (bi - 1) // 2 > t, bi - 1, bi)
-    bi = tl.where((bi + 1) * nb - (bi + 1) * bi // 2 <= t, bi + 1, bi)
-    bj = bi + (t - (bi * nb - bi * (bi - 1) // 2))
-    return bi, bj
+from .._backends import kernel_limits
+from ._utils import device_guard, input_precision, interpreting, upper_tile_coords
 
 
 # c_ij = clamp(a_i·b_j · inv‖a_i‖ · inv‖b_j‖, -1, 1) over kept pairs (j > i when SELF_PAIRS);
@@ -67,7 +45,7 @@ def _pairwise_cosine_stats_kernel(
         tile_ok = t_raw < n_tiles
         t64 = tl.minimum(t_raw, n_tiles - 1)
         if SELF_PAIRS:
-            bi, bj = _upper_tile_coords(t64, n_col_tiles)
+            bi, bj = upper_tile_coords(t64, n_col_tiles)
         else:
             bi = t64 // n_col_tiles
             bj = t64 % n_col_tiles
@@ -119,81 +97,99 @@ def _pairwise_cosine_stats_kernel(
     tl.store(outside_ptr + 2 * pid + 1 + one, acc_above)
 
 
-def _config(dtype: torch.dtype, interpreting: bool):
+def _config(dtype: torch.dtype, interp: bool):
     """(BLOCK_M=BLOCK_N, BLOCK_K, num_warps, num_stages)."""
-    if interpreting:
+    if interp:
         return 64, 64, 4, 1
     if dtype == torch.float32:
         return 128, 32, 8, 3
     return 128, 64, 8, 3
 
 
-def _num_programs(n_tiles: int, device: torch.device, interpreting: bool) -> int:
-    if interpreting:
+def _num_programs(n_tiles: int, device: torch.device, interp: bool) -> int:
+    if interp:
         return max(1, min(n_tiles, 4))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return max(1, min(n_tiles, 4 * sms))
 
 
-def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, math_mode):
-    """Launcher. Same contract as torch.ops.repcap_fast.pairwise_cosine_stats.
+def _partials(programs: int, bins: int, device) -> dict:
+    """Per-program partial buffers, poisoned: a slot the kernel fails to write shows up as NaN
+    or a huge count (the histogram is counted into by atomics, so it starts at 0)."""
+    poison = 1 << 60
+    return {"sums": torch.full((programs,), float("nan"), dtype=torch.float64, device=device),
+            "sums_sq": torch.full((programs,), float("nan"), dtype=torch.float64, device=device),
+            "mins": torch.full((programs,), float("nan"), dtype=torch.float32, device=device),
+            "maxs": torch.full((programs,), float("nan"), dtype=torch.float32, device=device),
+            "outside": torch.full((programs, 2), poison, dtype=torch.int64, device=device),
+            "hist": torch.zeros((programs, bins), dtype=torch.int64, device=device)}
+
+
+def _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp):
+    """Launches the kernel over `programs` programs into `partials` (contiguous a, b; b is None
+    for the pairs i<j of a). No host synchronization."""
+    self_pairs = b is None
+    b = a if self_pairs else b
+    b_inv_norm = a_inv_norm if self_pairs else b_inv_norm
+    m, d = a.shape
+    n = b.shape[0]
+    block, block_k, num_warps, num_stages = _config(a.dtype, interp)
+    row_tiles = triton.cdiv(m, block)
+    col_tiles = triton.cdiv(n, block)
+    n_tiles = row_tiles * (row_tiles + 1) // 2 if self_pairs else row_tiles * col_tiles
+    # The same float32 histogram spec as make_histogram_spec in the C++/CUDA epilogue.
+    spec_lo, spec_hi = float(torch.tensor(lo, dtype=torch.float32)), float(torch.tensor(hi, dtype=torch.float32))
+    bins_per_unit = float(torch.tensor(bins / (spec_hi - spec_lo), dtype=torch.float32))
+    _pairwise_cosine_stats_kernel[(programs,)](
+        a, b, a_inv_norm, b_inv_norm,
+        m, n, d, a.stride(0), b.stride(0), n_tiles, col_tiles, triton.cdiv(n_tiles, programs),
+        spec_lo, spec_hi, bins_per_unit, bins,
+        partials["sums"], partials["sums_sq"], partials["mins"], partials["maxs"], partials["outside"],
+        partials["hist"],
+        SELF_PAIRS=self_pairs,
+        UPCAST=a.dtype != torch.float32 and interp,  # tl.dot on bf16 is wrong when interpreting
+        INPUT_PRECISION=input_precision(precision, a.dtype),
+        BLOCK_M=block, BLOCK_N=block, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+
+
+def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision="highest"):
+    """Launcher. The contract of torch.ops.repcap_fast.pairwise_cosine_stats (csrc/module.cpp),
+    with precision "highest" or "tf32" (float32 inputs).
 
     Returns (moments float64[4] = Σc, Σc², min, max; counts int64[3] = pairs, below, above;
     hist int64[bins]) on the CPU.
     """
-    interpreting = _interpreting()
+    if not 1 <= bins <= kernel_limits().histogram_bins:
+        raise ValueError(f"pairwise_cosine_stats (triton): bins must be in [1, {kernel_limits().histogram_bins}], "
+                         f"got {bins}")
+    interp = interpreting()
     self_pairs = b is None
-    a = a.contiguous()
-    b = a if self_pairs else b.contiguous()
-    a_inv_norm = a_inv_norm.contiguous()
-    b_inv_norm = a_inv_norm if self_pairs else b_inv_norm.contiguous()
-    m, d = a.shape
-    n = b.shape[0]
-    block, block_k, num_warps, num_stages = _config(a.dtype, interpreting)
-    row_tiles = triton.cdiv(m, block)
-    col_tiles = triton.cdiv(n, block)
-    n_tiles = row_tiles * (row_tiles + 1) // 2 if self_pairs else row_tiles * col_tiles
-    programs = _num_programs(n_tiles, a.device, interpreting)
-    dev = a.device
-    # Poisoned partials: a slot the kernel fails to write shows up as NaN or a huge count.
-    poison = 1 << 60
-    sums = torch.full((programs,), float("nan"), dtype=torch.float64, device=dev)
-    sums_sq = torch.full((programs,), float("nan"), dtype=torch.float64, device=dev)
-    mins = torch.full((programs,), float("nan"), dtype=torch.float32, device=dev)
-    maxs = torch.full((programs,), float("nan"), dtype=torch.float32, device=dev)
-    outside = torch.full((programs, 2), poison, dtype=torch.int64, device=dev)
-    hist = torch.zeros((programs, bins), dtype=torch.int64, device=dev)  # counted into by atomics
-    # The same float32 histogram spec as make_histogram_spec in the C++/CUDA epilogue.
-    spec_lo, spec_hi = float(torch.tensor(lo, dtype=torch.float32)), float(torch.tensor(hi, dtype=torch.float32))
-    bins_per_unit = float(torch.tensor(bins / (spec_hi - spec_lo), dtype=torch.float32))
-    upcast = a.dtype != torch.float32 and interpreting  # tl.dot on bf16 is wrong when interpreting
-    guard = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
-    with guard:  # launch on the input's GPU
-        _pairwise_cosine_stats_kernel[(programs,)](
-            a, b, a_inv_norm, b_inv_norm,
-            m, n, d, a.stride(0), b.stride(0), n_tiles, col_tiles, triton.cdiv(n_tiles, programs),
-            spec_lo, spec_hi, bins_per_unit, bins,
-            sums, sums_sq, mins, maxs, outside, hist,
-            SELF_PAIRS=self_pairs, UPCAST=upcast,
-            # input_precision only concerns float32 operands; 16-bit ones keep Triton's default.
-            INPUT_PRECISION=_INPUT_PRECISION[math_mode] if a.dtype == torch.float32 else "tf32",
-            BLOCK_M=block, BLOCK_N=block, BLOCK_K=block_k,
-            num_warps=num_warps, num_stages=num_stages,
-        )
+    a, a_inv_norm = a.contiguous(), a_inv_norm.contiguous()
+    if not self_pairs:
+        b, b_inv_norm = b.contiguous(), b_inv_norm.contiguous()
+    m = a.shape[0]
+    n = m if self_pairs else b.shape[0]
+    block = _config(a.dtype, interp)[0]
+    row_tiles, col_tiles = triton.cdiv(m, block), triton.cdiv(n, block)
+    programs = _num_programs(row_tiles * (row_tiles + 1) // 2 if self_pairs else row_tiles * col_tiles, a.device,
+                             interp)
+    partials = _partials(programs, bins, a.device)
+    with device_guard(a):
+        _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp)
     # Fixed-order float64 merge of the per-program partials.
-    sums, sums_sq, mins, maxs = sums.cpu(), sums_sq.cpu(), mins.cpu(), maxs.cpu()
-    total_sum = 0.0
-    total_sum_sq = 0.0
+    sums, sums_sq = partials["sums"].cpu().tolist(), partials["sums_sq"].cpu().tolist()
+    total_sum = total_sum_sq = 0.0
     for k in range(programs):
-        total_sum += float(sums[k])
-        total_sum_sq += float(sums_sq[k])
-    moments = torch.tensor(
-        [total_sum, total_sum_sq, float(mins.min()), float(maxs.max())], dtype=torch.float64
-    )
+        total_sum += sums[k]
+        total_sum_sq += sums_sq[k]
+    moments = torch.tensor([total_sum, total_sum_sq, float(partials["mins"].min()), float(partials["maxs"].max())],
+                           dtype=torch.float64)
     pairs = m * (m - 1) // 2 if self_pairs else m * n
-    below, above = outside.sum(0).cpu().tolist()
+    below, above = partials["outside"].sum(0).cpu().tolist()
     counts = torch.tensor([pairs, below, above], dtype=torch.int64)
-    merged_hist = hist.sum(0).cpu()
+    merged_hist = partials["hist"].sum(0).cpu()
     if not torch.isfinite(moments).all() or int(merged_hist.sum()) + below + above != pairs:
         raise RuntimeError("pairwise_cosine_stats (triton): internal error, a program did not write its partials")
     return moments, counts, merged_hist

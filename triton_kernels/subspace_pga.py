@@ -3,13 +3,15 @@ condensed order as sort keys; torch.sort (a library sort) orders them; one fused
 turns the sorted keys into tie-averaged ranks and reduces their correlation with the reference
 ranks in float64 (or, for the ranks op, scatters the ranks back to pair order).
 
-Same contract as the C++ ops torch.ops.repcap_fast.subspace_pga_ranks / subspace_pga_rhos:
-    subspace_pga_ranks_triton(x) -> float64[n], the average ranks of the cosine distances
-        (scipy.stats.rankdata, method "average"); ValueError on a zero row; N ≤ 92,681
-    subspace_pga_rhos_triton(x, bases, ref_ranks) -> float64[B] on the CPU, Spearman's ρ per
-        basis (NaN where a projected row is 0 or every distance is equal); ref_ranks must be
+Same contract as the C++ ops torch.ops.repcap_fast.subspace_pga_ranks / subspace_pga_rhos
+(csrc/module.cpp), with the op's precision ("highest" or "tf32") for float32 projections:
+    subspace_pga_ranks_triton(x, precision) -> float64[n], the average ranks of the cosine
+        distances (scipy.stats.rankdata, method "average"); ValueError on a zero row;
+        N ≤ the limit pga_rank_tokens (csrc/kernel_settings.h, 92,681)
+    subspace_pga_rhos_triton(x, bases, ref_ranks, precision) -> float64[B] on the CPU, Spearman's ρ
+        per basis (NaN where a projected row is 0 or every distance is equal); ref_ranks must be
         average ranks (multiples of 1/2 in [1, n] summing to n(n+1)/2: ValueError otherwise);
-        N ≤ 65,536
+        N ≤ the limit pga_tokens (65,536)
 with n = N(N−1)/2 and distances 1 − û_i·û_j clamped to [0, 2] (as scipy's pdist); rows are
 normalized by division, so one-hot rows give exact ties. Float64 inputs are computed in float64,
 others in float32. The token limits hold for both (as in the C++ ops).
@@ -48,26 +50,18 @@ while ref_ranks is checked, the projections (B·N·k) and the partials (16 B per
 So for n ≥ 2^22 a call holds about 8·B + 4 + 40 B per pair besides ref_ranks.
 """
 
-import contextlib
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from .pairwise_cosine_stats import _upper_tile_coords
+from .._backends import cublas_precision, kernel_limits
+from ._utils import device_guard, input_precision, interpreting, upper_tile_coords
 
-MAX_TOKENS_RANKS = 92681  # n = N(N−1)/2 < 2^32: pair indices fit the 32-bit low word
-MAX_TOKENS_RHOS = 65536  # 2n < 2^32: twice the reference ranks fit the 32-bit low word
 _SORT_GROUP_PAIRS = 1 << 22  # rows sorted together hold at most max(n, this) pairs
 _CHECK_CHUNK = 1 << 22  # ref_ranks is checked in chunks of this many pairs (~50 B each)
 
 # OUT_MODE of the distance kernel
 _OUT_DIST, _OUT_PAIR, _OUT_TWICE = 0, 1, 2
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # For subspace b and an upper tile (bi, bj) of the N×N pair grid, dist_ij = clamp(1 − û_i·û_j,
@@ -82,7 +76,7 @@ def _subspace_pga_distance_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
-    bi, bj = _upper_tile_coords(t, n_col_tiles)
+    bi, bj = upper_tile_coords(t, n_col_tiles)
     rows = bi * BLOCK + tl.arange(0, BLOCK)
     cols = bj * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < n_tokens
@@ -228,14 +222,12 @@ def _compute(x: torch.Tensor) -> torch.Tensor:
 
 
 def _unit_rows(p: torch.Tensor):
-    """p / ‖p‖ per row (division, so one-hot rows stay exact); a mask of subspaces with a zero row."""
-    norms = torch.linalg.vector_norm(p, dim=-1, keepdim=True)
+    """p / ‖p‖ per row, the norm summed in float64 and rounded to p's dtype as the C++ kernel does
+    (float32 rows of 1e-25 keep a nonzero norm), divided (one-hot rows stay exact); and a mask of
+    the subspaces with a zero row."""
+    norms = torch.linalg.vector_norm(p, dim=-1, keepdim=True, dtype=torch.float64).to(p.dtype)
     zero = (norms == 0).any(dim=-2).reshape(-1)
     return p / torch.where(norms == 0, torch.ones_like(norms), norms), zero
-
-
-def _device_guard(t: torch.Tensor):
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 def _tree_sum(x: torch.Tensor) -> torch.Tensor:
@@ -247,23 +239,22 @@ def _tree_sum(x: torch.Tensor) -> torch.Tensor:
     return x[0]
 
 
-def _keys(u: torch.Tensor, out_mode: int, twice=None) -> torch.Tensor:
+def _keys(u: torch.Tensor, out_mode: int, precision: str, twice=None) -> torch.Tensor:
     """(B, n) keys of the condensed distances of the unit rows u (B, N, k): float32/float64
     distances poisoned with NaN (OUT_MODE 0), or packed int64 keys poisoned with −1."""
     bsz, n_tokens, k = u.shape
     n_pairs = n_tokens * (n_tokens - 1) // 2
-    block, block_k, warps, stages = _config(_interpreting())
+    block, block_k, warps, stages = _config(interpreting())
     nb = triton.cdiv(n_tokens, block)
     n_tiles = nb * (nb + 1) // 2
     if out_mode == _OUT_DIST:
         keys = torch.full((bsz, n_pairs), float("nan"), dtype=u.dtype, device=u.device)
     else:
         keys = torch.full((bsz, n_pairs), -1, dtype=torch.int64, device=u.device)
-    precision = "ieee" if u.dtype == torch.float64 or torch.get_float32_matmul_precision() == "highest" else "tf32"
-    with _device_guard(u):
+    with device_guard(u):
         _subspace_pga_distance_kernel[(n_tiles, bsz)](
             u, keys, keys if twice is None else twice, n_tokens, n_pairs, n_tiles, nb, k, u.stride(0), u.stride(1),
-            OUT_MODE=out_mode, INPUT_PRECISION=precision, BLOCK=block, BLOCK_K=block_k,
+            OUT_MODE=out_mode, INPUT_PRECISION=input_precision(precision, u.dtype), BLOCK=block, BLOCK_K=block_k,
             num_warps=warps, num_stages=stages,
         )
     return keys
@@ -274,7 +265,7 @@ def _rank_pass(keys: torch.Tensor, packed: bool, twice=None, ranks=None):
     the (B, programs, 2) float64 partials (None for the ranks op, which fills `ranks`) and a
     device bool: whether a poisoned (unwritten) key turned up."""
     bsz, n = keys.shape
-    block, warps = _rank_config(_interpreting())
+    block, warps = _rank_config(interpreting())
     programs = triton.cdiv(n, block)
     n_iter = n.bit_length() + 1
     partial = None
@@ -292,7 +283,7 @@ def _rank_pass(keys: torch.Tensor, packed: bool, twice=None, ranks=None):
             vals, order = torch.sort(rows, dim=1, stable=True)  # stable: deterministic partials
             poisoned = poisoned | torch.isnan(vals[:, -1]).any()  # NaN sorts last
         out_partial = partial[r0 : r0 + group] if partial is not None else vals
-        with _device_guard(keys):
+        with device_guard(keys):
             _subspace_pga_rank_kernel[(programs, vals.shape[0])](
                 vals, order, vals if twice is None else twice, vals if ranks is None else ranks, out_partial,
                 n, n_iter, PACKED=packed, RANKS=ranks is not None, BLOCK=block,
@@ -332,16 +323,16 @@ def _twice_ref_ranks(ref_ranks: torch.Tensor, n: int, device):
     return twice, float(_tree_sum(torch.stack(sums)))
 
 
-def _check_x(x: torch.Tensor, op: str, max_tokens: int):
+def _check_x(x: torch.Tensor, op: str, max_tokens: int) -> None:
     if x.dim() != 2 or x.shape[0] < 2 or x.shape[1] < 1:
         raise ValueError(f"{op} (triton): x must be N×d with N >= 2, got shape {tuple(x.shape)}")
     if x.shape[0] > max_tokens:
         raise ValueError(f"{op} (triton): at most {max_tokens} tokens (32-bit pair keys), got {x.shape[0]}")
 
 
-def subspace_pga_ranks_triton(x: torch.Tensor) -> torch.Tensor:
+def subspace_pga_ranks_triton(x: torch.Tensor, precision: str = "highest") -> torch.Tensor:
     """float64 average ranks of the condensed cosine distances of x's rows (x: N×d, rows ≠ 0)."""
-    _check_x(x, "subspace_pga_ranks", MAX_TOKENS_RANKS)
+    _check_x(x, "subspace_pga_ranks", kernel_limits().pga_rank_tokens)
     u, zero = _unit_rows(_compute(x)[None])
     if bool(zero.any()):
         raise ValueError("subspace_pga_ranks (triton): x has a zero row")
@@ -349,25 +340,28 @@ def subspace_pga_ranks_triton(x: torch.Tensor) -> torch.Tensor:
     n = x.shape[0] * (x.shape[0] - 1) // 2
     ranks = torch.empty(n, dtype=torch.float64, device=u.device)
     packed = u.dtype != torch.float64
-    keys = _keys(u, _OUT_PAIR if packed else _OUT_DIST)
+    keys = _keys(u, _OUT_PAIR if packed else _OUT_DIST, precision)
     _, poisoned = _rank_pass(keys, packed, ranks=ranks)
     _check_poison(poisoned)
     return ranks
 
 
-def subspace_pga_rhos_triton(x: torch.Tensor, bases: torch.Tensor, ref_ranks: torch.Tensor) -> torch.Tensor:
-    """Spearman's ρ between ref_ranks and the ranks of each projected subspace's distances."""
-    _check_x(x, "subspace_pga_rhos", MAX_TOKENS_RHOS)
+def subspace_pga_rhos_triton(x: torch.Tensor, bases: torch.Tensor, ref_ranks: torch.Tensor,
+                             precision: str = "highest") -> torch.Tensor:
+    """Spearman's ρ between ref_ranks and the ranks of each projected subspace's distances; the
+    float32 projections (a batched GEMM) and distances at `precision`."""
+    _check_x(x, "subspace_pga_rhos", kernel_limits().pga_tokens)
     n_tokens = x.shape[0]
     n = n_tokens * (n_tokens - 1) // 2
     if tuple(ref_ranks.shape) != (n,):
         raise ValueError(f"subspace_pga_rhos (triton): ref_ranks must have length {n}")
     xc = _compute(x)
     twice, ref_sum_sq = _twice_ref_ranks(ref_ranks, n, xc.device)
-    proj = torch.matmul(xc, bases.to(xc.dtype))  # (B, N, k), batched GEMM
+    with cublas_precision(precision, xc.device):
+        proj = torch.matmul(xc, bases.to(xc.dtype))  # (B, N, k), batched GEMM
     u, zero = _unit_rows(proj)
     packed = u.dtype != torch.float64
-    keys = _keys(u.contiguous(), _OUT_TWICE if packed else _OUT_DIST, twice)
+    keys = _keys(u.contiguous(), _OUT_TWICE if packed else _OUT_DIST, precision, twice)
     del proj, u
     partial, poisoned = _rank_pass(keys, packed, twice=None if packed else twice)
     del keys

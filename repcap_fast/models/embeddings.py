@@ -1,0 +1,327 @@
+"""load_embeddings: the embedding matrices of a model (input embedding, unembedding), offline,
+with the architecture's tensor names, ties reported with their reason, and padded vocabularies."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from .readers import _GGUFReader, _NpyReader, _Reader, _TorchReader, open_reader
+from .sources import ResolvedSource, resolve_source
+
+
+@dataclass(frozen=True)
+class TensorNames:
+    """Where an architecture keeps its input embedding and its unembedding, most likely first."""
+
+    input: Tuple[str, ...]
+    output: Tuple[str, ...]
+
+
+_DECODER = TensorNames(("model.embed_tokens.weight", "embed_tokens.weight"), ("lm_head.weight",))
+ARCHITECTURES: Dict[str, TensorNames] = {
+    **{t: _DECODER for t in ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                             "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2", "granite", "stablelm")},
+    "gemma3": TensorNames(("model.language_model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
+                           "model.embed_tokens.weight"), ("lm_head.weight", "language_model.lm_head.weight")),
+    "phi": TensorNames(("model.embed_tokens.weight", "transformer.embd.wte.weight"),
+                       ("lm_head.weight", "lm_head.linear.weight")),
+    "gpt2": TensorNames(("transformer.wte.weight", "wte.weight"), ("lm_head.weight",)),
+    "gpt_neox": TensorNames(("gpt_neox.embed_in.weight", "embed_in.weight"), ("embed_out.weight", "lm_head.weight")),
+    "bert": TensorNames(("bert.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight"),
+                        ("cls.predictions.decoder.weight",)),
+    "roberta": TensorNames(("roberta.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight"),
+                           ("lm_head.decoder.weight",)),
+    "opt": TensorNames(("model.decoder.embed_tokens.weight", "decoder.embed_tokens.weight"), ("lm_head.weight",)),
+    "falcon": TensorNames(("transformer.word_embeddings.weight", "word_embeddings.weight"), ("lm_head.weight",)),
+    "gguf": TensorNames(("token_embd.weight",), ("output.weight",)),
+}
+# transformers' default for tie_word_embeddings when config.json leaves it out (used only when
+# transformers is not importable; otherwise its own config class is asked).
+_TIE_DEFAULTS = {"llama": False, "mistral": False, "mixtral": False, "qwen2": False, "qwen2_moe": False,
+                 "qwen3": False, "qwen3_moe": False, "gemma": True, "gemma2": True, "gemma3_text": True,
+                 "phi": False, "phi3": False, "gpt2": True, "gpt_neox": False, "bert": True, "roberta": True,
+                 "opt": True, "falcon": True}
+
+
+class NoUnembeddingError(KeyError, ValueError):
+    """The source has an input embedding but no unembedding (a single matrix, an SAE decoder, or an
+    untied checkpoint saved without its output head)."""
+
+    def __str__(self):  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+def _read_config(resolved: ResolvedSource, reader: _Reader) -> Dict:
+    if isinstance(reader, _GGUFReader):
+        arch = reader.field("general.architecture")
+        return {"model_type": "gguf", "gguf_architecture": arch,
+                "num_hidden_layers": reader.field(f"{arch}.block_count"),
+                "hidden_size": reader.field(f"{arch}.embedding_length")}
+    directory = resolved.path if resolved.kind == "directory" else os.path.dirname(resolved.path)
+    path = os.path.join(directory, "config.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        cfg = json.load(fh)
+    text_cfg = cfg.get("text_config")  # multimodal wrappers (Gemma 3) keep the language model's settings here
+    if isinstance(text_cfg, dict):
+        cfg = {**text_cfg, **{k: v for k, v in cfg.items() if k != "text_config"}}
+    return cfg
+
+
+def _tie_default(model_type: Optional[str]) -> Optional[bool]:
+    if not model_type or model_type == "gguf":
+        return None
+    try:
+        from transformers import AutoConfig
+
+        return bool(AutoConfig.for_model(model_type).tie_word_embeddings)
+    except Exception:  # noqa: BLE001 - no transformers, or a model type it does not know
+        return _TIE_DEFAULTS.get(model_type)
+
+
+def _tokenizer_size(resolved: ResolvedSource, reader: _Reader) -> Optional[int]:
+    """The number of real tokens (tokenizer vocabulary plus added tokens), when a tokenizer is there."""
+    if isinstance(reader, _GGUFReader):
+        return reader.field_length("tokenizer.ggml.tokens")
+    directory = resolved.path if resolved.kind == "directory" else os.path.dirname(resolved.path)
+    tj = os.path.join(directory, "tokenizer.json")
+    if os.path.exists(tj):
+        with open(tj, encoding="utf-8") as fh:
+            tok = json.load(fh)
+        vocab = tok.get("model", {}).get("vocab")
+        if isinstance(vocab, dict):
+            ids = set(vocab.values())
+        elif isinstance(vocab, list):
+            ids = set(range(len(vocab)))
+        else:
+            return None
+        ids.update(int(t["id"]) for t in tok.get("added_tokens", []) if "id" in t)
+        return len(ids)
+    vt = os.path.join(directory, "vocab.txt")
+    if os.path.exists(vt):
+        with open(vt, encoding="utf-8") as fh:
+            return sum(1 for _ in fh)
+    return None
+
+
+@dataclass
+class Embeddings:
+    """An embedding matrix and/or unembedding, with where they came from and how they relate.
+
+    `input` is V×d (the token embedding, or an SAE's W_dec), `output` V×d (the unembedding W_U in
+    Hugging Face layout). When they are tied, `output` is `input` (the same tensor)."""
+
+    input: Optional[torch.Tensor]
+    output: Optional[torch.Tensor]
+    tied: Optional[bool]
+    tied_reason: str
+    source: str
+    path: str
+    kind: str
+    architecture: Optional[str]
+    input_name: Optional[str]
+    output_name: Optional[str]
+    files_opened: List[str]
+    vocab_rows: int
+    tokenizer_size: Optional[int]
+    rows_kept: int
+    config: Dict = field(default_factory=dict, repr=False)
+
+    @property
+    def padded_rows(self) -> Optional[int]:
+        """Matrix rows beyond the tokenizer's vocabulary (padding), when the tokenizer is known."""
+        return None if self.tokenizer_size is None else max(0, self.vocab_rows - self.tokenizer_size)
+
+    @property
+    def d_model(self) -> int:
+        return int((self.input if self.input is not None else self.output).shape[1])
+
+    def to_dict(self) -> Dict:
+        """Everything but the tensors (for report.json)."""
+        def desc(t):
+            return None if t is None else {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                                           "device": str(t.device)}
+        return {"source": self.source, "path": self.path, "kind": self.kind, "architecture": self.architecture,
+                "input": desc(self.input), "output": desc(self.output), "input_name": self.input_name,
+                "output_name": self.output_name, "tied": self.tied, "tied_reason": self.tied_reason,
+                "files_opened": self.files_opened, "vocab_rows": self.vocab_rows,
+                "tokenizer_size": self.tokenizer_size, "padded_rows": self.padded_rows, "rows_kept": self.rows_kept}
+
+
+def _first_present(candidates: Sequence[str], names: Sequence[str]) -> Optional[str]:
+    present = set(names)
+    return next((c for c in candidates if c in present), None)
+
+
+def _names_listing(names: Sequence[str], limit: int = 40) -> str:
+    names = sorted(names)
+    more = f" … and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _find_embedding_names(cfg: Dict, names: Sequence[str], where: str) -> Tuple[str, Optional[str], str]:
+    """(architecture, input name, output name or None) from the config's model_type, else from
+    the tensor names alone."""
+    model_type = cfg.get("model_type")
+    if model_type in ARCHITECTURES:
+        arch = ARCHITECTURES[model_type]
+        inp = _first_present(arch.input, names)
+        if inp is None:
+            raise KeyError(f"{where}: a {model_type!r} model, but none of its embedding tensors "
+                           f"{list(arch.input)} is there. Tensors found: {_names_listing(names)}. "
+                           f"Pass tensor=NAME (--tensor NAME) to choose one.")
+        return model_type, inp, _first_present(arch.output, names)
+    for arch_name, arch in ARCHITECTURES.items():
+        inp = _first_present(arch.input, names)
+        if inp is not None:
+            label = f"{arch_name} (from tensor names" + (
+                f"; config model_type {model_type!r} is not in the table)" if model_type else ")")
+            return label, inp, _first_present(arch.output, names)
+    known = ", ".join(sorted(ARCHITECTURES))
+    raise KeyError(f"{where}: no known embedding tensor (architectures known: {known}"
+                   + (f"; config model_type is {model_type!r}" if model_type else "")
+                   + f"). Tensors found: {_names_listing(names)}. Pass tensor=NAME (--tensor NAME) to choose one.")
+
+
+def _check_n_rows(n_rows, vocab_rows: int, tokenizer_size: Optional[int]) -> int:
+    if n_rows is None:
+        return vocab_rows
+    if isinstance(n_rows, str):
+        if n_rows not in ("tokenizer", "vocab"):
+            raise ValueError(f"n_rows must be an int, 'tokenizer' or None, got {n_rows!r}")
+        if tokenizer_size is None:
+            raise ValueError("n_rows='tokenizer': this source has no tokenizer to say how many tokens are real; "
+                             "pass n_rows=N")
+        return min(tokenizer_size, vocab_rows)
+    if isinstance(n_rows, bool) or not isinstance(n_rows, (int, np.integer)) or not 2 <= n_rows <= vocab_rows:
+        raise ValueError(f"n_rows must be an int in [2, {vocab_rows}] (the matrix has {vocab_rows} rows), "
+                         f"got {n_rows!r}")
+    return int(n_rows)
+
+
+def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dtype] = None, device="cpu",
+                    n_rows: Union[int, str, None] = None, tensor: Optional[str] = None) -> Embeddings:
+    """Read only the embedding matrices of a model, offline.
+
+    Args:
+        source: a path (model directory, .safetensors, .gguf, .npy, .pt), a Hugging Face repo id
+            in the local cache, or an alias ("minilm", the default; "smollm2").
+        which: "input" (token embedding), "output" (unembedding W_U, V×d) or "both".
+        dtype: convert to this dtype; None keeps the stored one (a bf16 checkpoint stays bf16).
+            GGUF tensors are dequantized to float32 (F32/F16/BF16/F64 ones keep their type).
+        device: where the tensors go.
+        n_rows: keep the first n_rows rows; "tokenizer" keeps the tokenizer's real tokens and drops
+            a padded vocabulary's extra rows (`Embeddings.padded_rows` says how many there are).
+        tensor: the input tensor's name, for layouts the architecture table does not know.
+
+    Tied embeddings (the same tensor, no output tensor, or config.tie_word_embeddings) are detected
+    and reported in `tied` and `tied_reason`; then `output` is `input`.
+    """
+    if which not in ("input", "output", "both"):
+        raise ValueError(f"which must be 'input', 'output' or 'both', got {which!r}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+    resolved = resolve_source(source)
+    reader = open_reader(resolved)
+    names = reader.names()
+    cfg = _read_config(resolved, reader)
+    where = resolved.path
+
+    single_matrix = isinstance(reader, _NpyReader) or (isinstance(reader, _TorchReader) and len(names) == 1)
+    if single_matrix and tensor is None:
+        only = names[0]
+        if len(reader.shape(only)) != 2:
+            raise ValueError(f"{where}: expected a 2-D matrix, got shape {reader.shape(only)}")
+        arch, inp, out = None, only, None
+        kind = reader.kind
+    elif "W_dec" in names and tensor is None and not any(n in names for a in ARCHITECTURES.values() for n in a.input):
+        arch, inp, out, kind = "sae", "W_dec", None, "sae"
+    elif tensor is not None:
+        if tensor not in names:
+            raise KeyError(f"tensor {tensor!r} is not in {where}. Tensors found: {_names_listing(names)}")
+        arch, inp, out = cfg.get("model_type"), tensor, None
+        if arch in ARCHITECTURES:
+            out = _first_present(ARCHITECTURES[arch].output, names)
+        kind = reader.kind
+    else:
+        arch, inp, out = _find_embedding_names(cfg, names, where)
+        kind = reader.kind
+    if kind == "gguf":
+        arch = f"{cfg.get('gguf_architecture')} (GGUF)"
+    if kind == "sae" and len(reader.shape("W_dec")) != 2:
+        raise ValueError(f"{where}: W_dec should be features × d, got shape {reader.shape('W_dec')}")
+
+    # Ties: never guessed silently. Values are compared on the stored tensors, before any row
+    # selection or dtype conversion, and only when both are read (which != "input").
+    vocab_rows = int(reader.shape(inp)[0])
+    tokenizer_size = _tokenizer_size(resolved, reader) if kind not in ("sae", "npy") else None
+    rows = _check_n_rows(n_rows, vocab_rows, tokenizer_size)
+    keep = None if rows == vocab_rows else rows
+    flag = cfg.get("tie_word_embeddings")
+    model_type = cfg.get("model_type")
+    raw_in = raw_out = None
+    if kind in ("sae", "npy") or (kind == "pt" and arch is None):
+        tied, reason = None, f"a single matrix ({'an SAE decoder, W_dec' if kind == 'sae' else kind}): no unembedding"
+    elif out is not None:
+        if flag is True:
+            tied, reason = True, f"config.tie_word_embeddings = true (the stored {out!r} is not used)"
+        elif which == "input":
+            tied = False if flag is False else None
+            reason = (f"the checkpoint stores {out!r} separately" + (", and config.tie_word_embeddings = false"
+                      if flag is False else "; its values were not compared (which='input' reads only the input)"))
+        else:
+            raw_in, raw_out = reader.read(inp), reader.read(out)
+            same = raw_in.shape == raw_out.shape and raw_in.dtype == raw_out.dtype and torch.equal(raw_in, raw_out)
+            tied = same
+            reason = (f"{out!r} holds the same values as {inp!r}" if same else
+                      f"the checkpoint stores {out!r} separately, with other values")
+            if flag is False:
+                reason += " (config.tie_word_embeddings = false)"
+    else:
+        default = _tie_default(model_type)
+        untied = flag is False or (flag is None and default is False)
+        why_untied = ("config.tie_word_embeddings = false" if flag is False else
+                      f"tie_word_embeddings is left at the transformers default for {model_type!r} (false)")
+        if kind == "gguf":
+            tied, reason = True, "no output.weight in the GGUF file: llama.cpp stores tied embeddings once"
+        elif untied and which == "input":
+            tied, reason = None, f"no output embedding tensor, and {why_untied}: this checkpoint has no unembedding"
+        elif untied:
+            raise NoUnembeddingError(f"{where}: {why_untied}, but there is no output embedding tensor (looked for "
+                           f"{list(ARCHITECTURES.get(model_type, _DECODER).output)}), so this checkpoint has no "
+                           f"unembedding. Tensors found: {_names_listing(names)}")
+        elif flag is True:
+            tied, reason = True, "no separate output tensor, and config.tie_word_embeddings = true"
+        elif default is True:
+            tied, reason = True, (f"no separate output tensor, and tie_word_embeddings is left at the "
+                                  f"transformers default for {model_type!r} (true)")
+        else:
+            tied, reason = True, ("no separate output tensor, and " + ("no config.json" if not cfg else
+                                  f"config model_type {model_type!r} does not say otherwise")
+                                  + ": the input embedding is the only one")
+    if which != "input" and tied is None:
+        raise NoUnembeddingError(f"which={which!r}: {where} has {reason}; use which='input'")
+
+    def fetch(name, raw):
+        t = reader.read(name, keep) if raw is None else (raw if keep is None else raw[:keep])
+        if dtype is not None:
+            t = t.to(dtype)
+        return t.to(device)
+
+    in_t = fetch(inp, raw_in) if which in ("input", "both") or (tied and which == "output") else None
+    out_t = None
+    if which in ("output", "both"):
+        out_t = in_t if tied else fetch(out, raw_out)
+    if which == "output":
+        in_t = None
+    return Embeddings(input=in_t, output=out_t, tied=tied, tied_reason=reason, source=resolved.source,
+                      path=resolved.path, kind=kind, architecture=arch, input_name=inp, output_name=out,
+                      files_opened=list(reader.files_opened), vocab_rows=vocab_rows,
+                      tokenizer_size=tokenizer_size, rows_kept=rows, config=cfg)

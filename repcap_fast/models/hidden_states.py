@@ -1,0 +1,346 @@
+"""hidden_states: token representations of a Hugging Face model at every requested layer, offline,
+from a seeded token sample of a text (by default the bundled public-domain corpus)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from .._progress import progress_bar
+from .sources import ResolvedSource, resolve_source
+
+DEFAULT_CORPUS = "sherlock_holmes"
+
+
+def default_corpus() -> Tuple[str, List[str]]:
+    """(name, paragraphs) of the bundled corpus: The Adventures of Sherlock Holmes (public domain;
+    repcap_fast/data/README.md)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "sherlock_holmes.txt.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        text = fh.read()
+    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
+    return DEFAULT_CORPUS, [p for p in paragraphs if p]
+
+
+def read_texts(path: str, jsonl_key: str = "text") -> List[str]:
+    """Texts from a file: .jsonl (one JSON object per line, its `jsonl_key` field) or plain text
+    (paragraphs separated by blank lines)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"text file {path!r} does not exist")
+    if path.endswith(".jsonl"):
+        out = []
+        with open(path, encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{i}: not JSON ({exc.msg})") from None
+                if not isinstance(obj, dict) or not isinstance(obj.get(jsonl_key), str):
+                    raise ValueError(f"{path}:{i}: expected an object with a string field {jsonl_key!r}")
+                out.append(obj[jsonl_key])
+        return out
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+class HiddenStates(Mapping):
+    """layer → N×d token representations (float32, CPU), for the same N sampled tokens at every
+    layer. Layer 0 is the embedding output, layer L the last block's output.
+
+    Attributes: token_ids (N), windows and offsets (where each token sat), seed, n_tokens,
+    seq_len, tokens_per_window, text (name, sha256, paragraphs, tokens available), model (a
+    description) and layers (the ones kept)."""
+
+    def __init__(self, states: Dict[int, torch.Tensor], meta: Dict):
+        self._states = states
+        self.meta = meta
+        self.token_ids = meta.pop("token_ids")
+        self.windows = meta.pop("windows")
+        self.offsets = meta.pop("offsets")
+
+    def __getitem__(self, layer: int) -> torch.Tensor:
+        return self._states[layer]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._states)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    @property
+    def layers(self) -> List[int]:
+        return list(self._states)
+
+    def to_dict(self) -> Dict:
+        """Provenance, without the tensors (token ids included, so the sample can be rebuilt)."""
+        return {**self.meta, "layers": self.layers, "token_ids": self.token_ids.tolist(),
+                "windows": self.windows.tolist(), "offsets": self.offsets.tolist()}
+
+
+def _load_hf(resolved: ResolvedSource, dtype: torch.dtype, device):
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise ImportError("hidden states need transformers: `pip install 'transformers>=4.56'`") from None
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # The base model is loaded from a checkpoint that may hold a head (lm_head, embed_out):
+    # transformers reports those tensors as unexpected, which is expected here.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return _load_hf_quiet(resolved, dtype, device, AutoModel, AutoModelForCausalLM, AutoTokenizer)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",
+                    "spiece.model", "sentencepiece.bpe.model")
+
+
+def _gguf_in(resolved: ResolvedSource) -> Optional[Tuple[str, str]]:
+    """(directory, file) of the GGUF model at the source, if it is one."""
+    if resolved.kind == "gguf":
+        return os.path.split(resolved.path)
+    if resolved.kind == "directory" and not os.path.exists(os.path.join(resolved.path, "config.json")):
+        ggufs = sorted(f for f in os.listdir(resolved.path) if f.endswith(".gguf"))
+        if len(ggufs) == 1:
+            return resolved.path, ggufs[0]
+    return None
+
+
+def runnable(source) -> Tuple[bool, str]:
+    """Whether `hidden_states` can run the model at SOURCE, and if not, why (without loading it)."""
+    resolved = source if isinstance(source, ResolvedSource) else resolve_source(source)
+    if _gguf_in(resolved) is not None:
+        return True, "a GGUF model (transformers reads it with the gguf package)"
+    if resolved.kind != "directory":
+        return False, (f"{resolved.path} is a single {resolved.kind} file: running the model needs its model directory "
+                       f"(config.json, weights, tokenizer)")
+    if not os.path.exists(os.path.join(resolved.path, "config.json")):
+        return False, f"{resolved.path} has no config.json"
+    if not any(os.path.exists(os.path.join(resolved.path, f)) for f in _TOKENIZER_FILES):
+        return False, (f"{resolved.path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}): copy the "
+                       f"tokenizer next to the weights")
+    return True, "a model directory with config.json and a tokenizer"
+
+
+def _load_hf_quiet(resolved, dtype, device, AutoModel, AutoModelForCausalLM, AutoTokenizer):
+    ok, why = runnable(resolved)
+    if not ok:
+        raise ValueError(f"hidden states: {why}")
+    gguf_file = _gguf_in(resolved)
+    if gguf_file is not None:
+        directory, name = gguf_file
+        for module in ("gguf", "accelerate"):
+            if importlib.util.find_spec(module) is None:
+                raise ImportError(f"loading a GGUF model with transformers needs `{module}`: `pip install {module}`")
+        tok = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=dtype, local_files_only=True)
+        model = getattr(model, "base_model", model)  # the transformer without its head: no logits computed
+    else:
+        tok = AutoTokenizer.from_pretrained(resolved.path, local_files_only=True)
+        model = AutoModel.from_pretrained(resolved.path, dtype=dtype, local_files_only=True)
+    text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    vocab = getattr(text_cfg, "vocab_size", None)
+    if vocab and len(tok) < vocab // 2:
+        raise ValueError(f"the tokenizer at {resolved.path} has {len(tok)} tokens but the model's vocabulary has "
+                         f"{vocab}: it is not this model's tokenizer")
+    return tok, model.to(device).eval()
+
+
+def _specials(tok) -> Tuple[List[int], List[int]]:
+    """The special tokens the tokenizer puts before and after a sequence ([CLS] … [SEP], <bos> …)."""
+    bare = list(tok("the", add_special_tokens=False)["input_ids"])
+    wrapped = list(tok("the", add_special_tokens=True)["input_ids"])
+    for at in range(len(wrapped) - len(bare) + 1):
+        if wrapped[at : at + len(bare)] == bare:
+            return wrapped[:at], wrapped[at + len(bare):]
+    raise RuntimeError(f"cannot tell the tokenizer's special tokens apart: {wrapped} around {bare}")
+
+
+def layer_count(config: Dict) -> Optional[int]:
+    """The number of transformer blocks in a config dict (as `Embeddings.config` holds it)."""
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None
+
+
+def check_layers(layers, n_layers: int) -> List[int]:
+    """`layers` ("all", an int or a list; negative counts from the end) as sorted indices into
+    the n_layers + 1 hidden states, or a ValueError that gives the valid range."""
+    total = n_layers + 1
+    if layers == "all" or layers is None:
+        return list(range(total))
+    if isinstance(layers, (int, np.integer)) and not isinstance(layers, bool):
+        layers = [int(layers)]
+    if not isinstance(layers, (list, tuple)) or not layers:
+        raise ValueError(f"layers must be 'all', an int or a list of ints, got {layers!r}")
+    out = []
+    for layer in layers:
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not -total <= layer < total:
+            raise ValueError(f"layers: {layer!r} is out of range; this model has layers 0..{n_layers} "
+                             f"(0 = the embedding output, {n_layers} = the last block), or -{total}..-1")
+        out.append(int(layer) % total)
+    return sorted(set(out))
+
+
+def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None, token_ids=None, layers="all",
+                  n_tokens: int = 2048, batch_size: int = 8, dtype: torch.dtype = torch.float32, device="cpu",
+                  seed: int = 0, seq_len: int = 128, tokens_per_window: int = 32, text_name: Optional[str] = None,
+                  progress: bool = True) -> HiddenStates:
+    """Token representations of a Hugging Face model at every requested layer, offline.
+
+    The text (default: the bundled public-domain corpus, `default_corpus()`) is tokenized into one
+    stream and cut into windows of `seq_len` tokens (the tokenizer's special tokens added around
+    each). A seeded sample picks windows, then `n_tokens` positions uniformly among those windows'
+    tokens (about `tokens_per_window` per window); only those windows are run, in batches, and only
+    the sampled positions of the requested layers are kept (moved to the CPU batch by batch).
+
+    Args:
+        texts: a string or a list of strings; token_ids: a 1-D stream of ids, or a 2-D batch of
+            windows used as they are (no special tokens added). At most one of the two.
+        layers: "all", an int or a list (0 = the embedding output; negative counts from the end).
+        n_tokens: tokens to sample; more than the text provides is an error.
+        dtype, device: the model's dtype and device. States are returned as float32 on the CPU.
+    """
+    if texts is not None and token_ids is not None:
+        raise ValueError("pass texts or token_ids, not both")
+    for name, value in (("n_tokens", n_tokens), ("batch_size", batch_size), ("seq_len", seq_len),
+                        ("tokens_per_window", tokens_per_window)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if n_tokens < 3:
+        raise ValueError(f"n_tokens must be at least 3 (pairs of tokens are compared), got {n_tokens}")
+    resolved = resolve_source(source)
+    tok, model = _load_hf(resolved, dtype, device)
+    text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    n_layers = int(text_cfg.num_hidden_layers)
+    keep_layers = check_layers(layers, n_layers)
+
+    max_len = getattr(text_cfg, "max_position_embeddings", None)
+    batch_ids = token_ids is not None and torch.as_tensor(token_ids).dim() == 2
+    if batch_ids and max_len and torch.as_tensor(token_ids).shape[1] > max_len:
+        raise ValueError(f"token_ids rows have {torch.as_tensor(token_ids).shape[1]} tokens; the model takes at most "
+                         f"{max_len}")
+    if max_len and seq_len > max_len:
+        raise ValueError(f"seq_len={seq_len} is longer than the model's maximum of {max_len} positions")
+    prefix, suffix = ([], []) if (token_ids is not None and torch.as_tensor(token_ids).dim() == 2) else _specials(tok)
+    content_len = seq_len - len(prefix) - len(suffix)
+    if content_len < 1:
+        raise ValueError(f"seq_len={seq_len} leaves no room for text between the special tokens {prefix} … {suffix}")
+    if token_ids is not None:
+        ids = torch.as_tensor(token_ids)
+        if ids.dtype.is_floating_point or ids.dim() not in (1, 2) or ids.numel() == 0:
+            raise ValueError(f"token_ids must be a non-empty 1-D stream or 2-D batch of integer ids, got "
+                             f"{tuple(ids.shape)} {ids.dtype}")
+        arr = ids.to(torch.int64).numpy()
+        if ids.dim() == 2:
+            windows_ids = list(arr)
+        else:
+            windows_ids = [arr[i : i + content_len] for i in range(0, len(arr), content_len)]
+        text_meta = {"name": "token_ids", "sha256": hashlib.sha256(arr.tobytes()).hexdigest(),
+                     "sha256_of": "the int64 token ids"}
+    else:
+        if texts is None:
+            name, paragraphs = default_corpus()
+        else:
+            paragraphs = [texts] if isinstance(texts, str) else list(texts)
+            if not paragraphs or not all(isinstance(p, str) for p in paragraphs):
+                raise ValueError("texts must be a string or a non-empty list of strings")
+            name = text_name or "texts"
+        # one int32 stream (4 B per token) and windows as views into it
+        parts = [np.asarray(tok(p, add_special_tokens=False, verbose=False)["input_ids"], dtype=np.int32)
+                 for p in paragraphs]
+        stream = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+        del parts
+        windows_ids = [stream[i : i + content_len] for i in range(0, len(stream), content_len)]
+        digest = hashlib.sha256("\n\n".join(paragraphs).encode("utf-8")).hexdigest()
+        text_meta = {"name": name, "sha256": digest, "sha256_of": "the paragraphs (whitespace-normalised) joined by "
+                     "blank lines", "paragraphs": len(paragraphs)}
+        unk = getattr(tok, "unk_token_id", None)
+        unk_fraction = float((stream == unk).mean()) if unk is not None and len(stream) else 0.0
+        text_meta["unknown_token_fraction"] = unk_fraction
+        if unk_fraction > 0.05:
+            raise ValueError(f"{unk_fraction:.0%} of the text's tokens are the unknown token {tok.unk_token!r}: the "
+                             f"tokenizer at {resolved.path} does not fit this text (or is not this model's)")
+    available = sum(len(w) for w in windows_ids)
+    text_meta["tokens_available"] = available
+    if n_tokens > available:
+        raise ValueError(f"n_tokens={n_tokens} but the text provides only {available} tokens "
+                         f"({text_meta['name']}); pass more text or a smaller n_tokens")
+
+    # Seeded sample: windows in a random order until they hold enough tokens, then n_tokens
+    # positions uniformly among the chosen windows' tokens.
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(windows_ids))
+    want = min(available, max(n_tokens, math.ceil(n_tokens / tokens_per_window) * content_len))
+    chosen, held = [], 0
+    for w in order:
+        chosen.append(int(w))
+        held += len(windows_ids[w])
+        if held >= want:
+            break
+    chosen.sort()
+    flat = [(w, o) for w in chosen for o in range(len(windows_ids[w]))]
+    picks = np.sort(rng.choice(len(flat), size=n_tokens, replace=False))
+    sample = [flat[i] for i in picks]
+    by_window: Dict[int, List[int]] = {}
+    for w, o in sample:
+        by_window.setdefault(w, []).append(o)
+
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    kept: Dict[int, List[torch.Tensor]] = {layer: [] for layer in keep_layers}
+    run_windows = sorted(by_window)
+    with torch.inference_mode(), progress_bar(bool(progress), total=len(run_windows), desc="hidden states",
+                                              unit="window", leave=True) as bar:
+        for b0 in range(0, len(run_windows), batch_size):
+            batch = run_windows[b0 : b0 + batch_size]
+            seqs = [prefix + windows_ids[w].tolist() + suffix for w in batch]
+            width = max(len(s) for s in seqs)
+            input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(seqs), width), dtype=torch.long)
+            for i, s in enumerate(seqs):
+                input_ids[i, : len(s)] = torch.tensor(s)
+                mask[i, : len(s)] = 1
+            out = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), output_hidden_states=True)
+            hs = out.hidden_states
+            if len(hs) != n_layers + 1:
+                raise RuntimeError(f"the model returned {len(hs)} hidden states, expected {n_layers + 1}")
+            rows = torch.tensor([i for i, w in enumerate(batch) for _ in by_window[w]], device=device)
+            cols = torch.tensor([len(prefix) + o for w in batch for o in by_window[w]], device=device)
+            for layer in keep_layers:
+                kept[layer].append(hs[layer][rows, cols].float().cpu())
+            del out, hs
+            bar.update(len(batch))
+    states = {layer: torch.cat(parts) for layer, parts in kept.items()}
+    ordered = [(w, o) for w in run_windows for o in by_window[w]]
+    meta = {
+        "token_ids": torch.tensor([int(windows_ids[w][o]) for w, o in ordered], dtype=torch.long),
+        "windows": torch.tensor([w for w, _ in ordered]),
+        "offsets": torch.tensor([o for _, o in ordered]),
+        "source": resolved.source, "path": resolved.path, "n_tokens": n_tokens, "seed": seed, "seq_len": seq_len,
+        "tokens_per_window": tokens_per_window, "windows_run": len(run_windows), "n_layers": n_layers,
+        "model_class": type(model).__name__, "model_dtype": str(dtype).replace("torch.", ""), "device": str(device),
+        "special_tokens": {"before": prefix, "after": suffix}, "text": text_meta,
+        "tokenizer": {"class": type(tok).__name__, "size": len(tok),
+                      "name_or_path": str(getattr(tok, "name_or_path", ""))},
+        "sampling": "windows in a seeded random order until they hold enough tokens, then n_tokens positions "
+                    "uniformly among their tokens (numpy default_rng(seed))",
+    }
+    return HiddenStates(states, meta)

@@ -1,0 +1,300 @@
+"""gram_offdiag_penalty: L = Σ_{i≠j} |ĝ_ij|^p and its fused gradient (Guha 2026, §1.3), never
+materializing k×k; ``gram_offdiag_penalty_block`` (a block of rows' part, for packing across
+ranks), ``gram_offdiag_row_stats`` (per-row maxima and sums) and ``gram_offdiag_max`` (ε*).
+
+The kernels stream the Gram matrix in tiles, like streaming attention: per block of rows they loop
+over column blocks, form the Gram tile, apply the elementwise weight sign(g)(|g|/m_i)^(p−1)
+(diagonal masked; the factor 2p·m_i^(p−1) is applied per row afterwards) and accumulate
+weight × X_J. Each row keeps a running maximum m_i = max_{j≠i}|g_ij| (online rescaling), so
+powers are only formed of ratios |g|/m_i ≤ 1 and never overflow or underflow inside a tile:
+
+    L = Σ_i m_i^p s_i,       s_i = Σ_{j≠i} (|g_ij|/m_i)^p                  (float64)
+    ∂L/∂x̂_i = 2p m_i^(p−1) Σ_{j≠i} sign(g_ij)(|g_ij|/m_i)^(p−1) x̂_j
+    ∂L/∂x_i = (I − x̂_i x̂_iᵀ) ∂L/∂x̂_i / ‖x_i‖                 (chain rule, normalize=True)
+
+The factors m_i^p and m_i^(p−1) are applied in float64 log space.
+
+Layers: the public functions → ``_gram_offdiag_penalty`` (dispatch) →
+``KERNELS["gram_offdiag_penalty"][backend]`` (``_gram_offdiag_penalty_compiled`` for cpu and
+cuda, ``_gram_offdiag_penalty_triton``, ``_gram_offdiag_penalty_torch``) → the kernels. Every
+launcher takes (q, x, row_offset, p, with_grad, precision): the rows q = x[row_offset:
+row_offset + m] against all k rows of x (the square penalty: q = x, row_offset = 0), and
+returns (row_max [m] x.dtype, row_sum float64 [m], grad_dir [m, d] or an empty tensor), as
+csrc/module.cpp states.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from .. import _validation as val
+from .._backends import (
+    check_precision,
+    cublas_precision,
+    dispatch,
+    kernel_limits,
+    register_kernel,
+    resolve_backend,
+    triton_kernels,
+)
+from .pairwise_cosine_stats import pairwise_cosine_stats
+
+REDUCTIONS = ("sum", "mean")
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """X's rows in the compute dtype (row-normalized when normalize), their float64 norms (None
+    without normalize), p and the backend."""
+
+    x: torch.Tensor
+    norms: Optional[torch.Tensor]
+    p: int
+    backend: str
+    precision: str
+
+
+def _check_x(X, min_rows: int = 2) -> torch.Tensor:
+    if not isinstance(X, torch.Tensor):
+        raise TypeError(f"X must be a torch.Tensor (k x d, one vector per row), got {type(X).__name__}")
+    if X.dim() != 2:
+        raise ValueError(f"X must be 2-D (k vectors x d dimensions), got shape {tuple(X.shape)}")
+    if X.dtype not in val.FLOAT_DTYPES:
+        raise TypeError(f"X must be float16, bfloat16, float32 or float64, got {X.dtype}")
+    if X.shape[0] < min_rows:
+        raise ValueError(f"X needs k >= {min_rows} rows (vectors), got k={X.shape[0]}")
+    if X.shape[1] < 1:
+        raise ValueError(f"X needs d >= 1 columns, got d={X.shape[1]}")
+    return X
+
+
+def _check_rows(X: torch.Tensor, normalize: bool) -> torch.Tensor:
+    """X's float64 row norms; raises on NaN/Inf, and on zero rows when normalizing."""
+    norms = val.row_norms(X.detach(), "X")  # names the first row with NaN/Inf
+    if normalize:
+        zero = norms == 0
+        if bool(zero.any()):
+            idx = torch.nonzero(zero).flatten()[:10].tolist()
+            raise ValueError(f"X has {int(zero.sum())} zero rows (rows {idx}); normalize=True needs every row "
+                             "to be nonzero (its direction is undefined)")
+    return norms
+
+
+def check_p(p, backend: str) -> int:
+    """The exponent p, an integer ≥ 1, at most the kernels' limit on a kernel backend."""
+    return val.check_p(p, None if backend == "torch" else kernel_limits().penalty_p)
+
+
+def _check_inputs(X, p, normalize: bool, backend, precision) -> _Inputs:
+    """Validates X (finite; nonzero rows when normalizing), p, normalize, backend and precision,
+    and prepares the kernels' operand: x̂ (divided in float64, rounded once) or x, contiguous in
+    the compute dtype."""
+    X = _check_x(X)
+    val.check_bool(normalize, "normalize")
+    check_precision(precision)
+    name = resolve_backend(backend, X.device, "gram_offdiag_penalty")
+    p = check_p(p, name)
+    norms = _check_rows(X, normalize)
+    if normalize:
+        return _Inputs(val.unit_rows(X.detach(), norms=norms, name="X"), norms, p, name, precision)
+    return _Inputs(X.detach().to(val.compute_dtype(X.dtype)).contiguous(), None, p, name, precision)
+
+
+# -------------------------------------------------------------------------------- dispatch
+
+
+def _gram_offdiag_penalty(inputs: _Inputs, row_start: int, row_stop: int, with_grad: bool, normalized: bool):
+    """(row_max, row_sum float64, grad_dir) of the rows [row_start, row_stop) from the backend's
+    launcher. Unit rows have |ĝ| ≤ 1: a row maximum above 1 is rounding (up to an ulp, more with
+    TF32 GEMMs) and is clamped, so m^p stays ≤ 1 for any p."""
+    x = inputs.x
+    _, launcher = dispatch("gram_offdiag_penalty", inputs.backend, x.device)
+    q = x if (row_start, row_stop) == (0, x.shape[0]) else x[row_start:row_stop]
+    row_max, row_sum, grad_dir = launcher(q, x, row_start, inputs.p, with_grad, inputs.precision)
+    if not (bool(torch.isfinite(row_sum).all()) and bool(torch.isfinite(row_max).all())):
+        raise ValueError(f"X's Gram entries overflow {x.dtype} (|x_i·x_j| beyond its range); pass float64 X or "
+                         "rescale it (normalize=True cannot overflow)")
+    if normalized:
+        row_max = row_max.clamp(max=1.0)
+    return row_max, row_sum, grad_dir
+
+
+def _log_pow(m: torch.Tensor, e: int) -> torch.Tensor:
+    """e·ln(m) in float64, -inf where m == 0 (so exp gives 0)."""
+    return e * torch.log(m.to(torch.float64))
+
+
+def _row_losses(row_max: torch.Tensor, row_sum: torch.Tensor, p: int) -> torch.Tensor:
+    """L_i = m_i^p s_i in float64 (log space); rows with m_i = 0 (or s_i = 0) give 0."""
+    terms = torch.exp(_log_pow(row_max, p) + torch.log(row_sum))
+    return torch.where(row_sum > 0, terms, torch.zeros_like(terms))
+
+
+def _finish_grad(grad_dir, row_max, x, norms, p: int, scale: float) -> torch.Tensor:
+    """∂L/∂x in place of grad_dir: the chain rule (I − x̂x̂ᵀ) of the normalization (when norms is
+    given) on the direction, then one per-row factor 2p·scale·m_i^(p−1)/‖x_i‖ formed in float64.
+    O(k·d), no k×d temporaries (except float64 row chunks where the factor exceeds float32)."""
+    if norms is not None:
+        radial = torch.bmm(grad_dir.unsqueeze(1), x.unsqueeze(2)).reshape(-1)  # dir_i·x̂_i
+        grad_dir.addcmul_(x, radial[:, None], value=-1.0)
+    log_coef = _log_pow(row_max, p - 1) + math.log(2.0 * p * scale)
+    if norms is not None:
+        log_coef = log_coef - torch.log(norms)
+    coef = torch.where(row_max > 0, torch.exp(log_coef), torch.zeros_like(log_coef))
+    if grad_dir.dtype == torch.float64 or float(coef.max()) < 1e30:
+        grad_dir.mul_(coef.to(grad_dir.dtype)[:, None])
+    else:  # the factor alone overflows float32: multiply in float64, round each element once
+        rows = max(1, (4 << 20) // (8 * grad_dir.shape[1]))
+        for r0 in range(0, grad_dir.shape[0], rows):
+            chunk = grad_dir[r0 : r0 + rows]
+            chunk.copy_(chunk.to(torch.float64) * coef[r0 : r0 + rows, None])
+    return grad_dir
+
+
+class GramOffdiagPenaltyFunction(torch.autograd.Function):
+    """L = Σ_{i≠j}|ĝ_ij|^p. The gradient is computed in the forward pass by the same streaming
+    kernel when X requires grad (2 GEMM-equivalents in all, k×d extra memory), and only scaled
+    by the incoming gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, X, inputs: _Inputs, normalize: bool, reduction: str, with_grad: bool):
+        x = inputs.x
+        k = x.shape[0]
+        with_grad = with_grad and bool(ctx.needs_input_grad[0])
+        row_max, row_sum, grad_dir = _gram_offdiag_penalty(inputs, 0, k, with_grad, normalize)
+        scale = 1.0 / (k * (k - 1)) if reduction == "mean" else 1.0
+        loss = _row_losses(row_max, row_sum, inputs.p).sum() * scale
+        if with_grad:
+            ctx.save_for_backward(_finish_grad(grad_dir, row_max, x, inputs.norms, inputs.p, scale))
+        ctx.x_dtype = X.dtype
+        ctx.has_grad = with_grad
+        return loss.to(val.compute_dtype(X.dtype))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        if not ctx.has_grad:
+            raise RuntimeError("gram_offdiag_penalty: the gradient was not computed (the loss was formed with "
+                               "autograd disabled); call it again with grad enabled")
+        (grad,) = ctx.saved_tensors
+        g = grad_loss.to(grad.dtype)
+        out = grad if bool(g == 1) else grad * g
+        return out.to(ctx.x_dtype), None, None, None, None
+
+
+# ------------------------------------------------------------------------ public functions
+
+
+def gram_offdiag_penalty(X: torch.Tensor, p: int = 8, normalize: bool = True, reduction: str = "sum",
+                         backend: str = "auto", precision: str = "highest") -> torch.Tensor:
+    """L = Σ_{i≠j} |ĝ_ij|^p over the Gram matrix of the k rows of X, differentiable.
+
+    Args:
+        X: (k, d) tensor, one vector per row (the paper's code stores vectors as columns), any
+            float dtype; k ≥ 2. 16-bit inputs are computed in float32.
+        p: integer ≥ 1 (even or odd; the paper uses p = min(int(m/ln d), 20)).
+        normalize: ĝ from the row-normalized X (default), else the raw Gram x_i·x_j.
+        reduction: "sum" (Σ over the k(k−1) ordered pairs i≠j) or "mean" (divided by k(k−1)).
+        backend: "auto", "cuda", "triton", "cpu", or "torch" (plain PyTorch on the materialized
+            Gram rows, O(k²) memory).
+        precision: "highest" (float32 Gram products in IEEE float32) or "tf32" (GPU tensor
+            cores); float64 X always runs in float64.
+
+    Returns a 0-d tensor (float32, or float64 for float64 X); it is inf only when its true value
+    exceeds that range. `L.backward()` gives ∂L/∂X, including the chain rule through the row
+    normalization. Never allocates k×k (except the torch backend); extra memory O(k·d): the
+    normalized X and the gradient. Deterministic on a given backend and machine. Not twice
+    differentiable. The paper's formulation with autograd is
+    ``repcap_fast.reference.gram_offdiag_penalty_reference``.
+    """
+    val.check_choice(reduction, "reduction", REDUCTIONS)
+    inputs = _check_inputs(X, p, normalize, backend, precision)
+    # The gradient is formed in the forward pass, so only when autograd will want it.
+    with_grad = torch.is_grad_enabled() and X.requires_grad
+    return GramOffdiagPenaltyFunction.apply(X, inputs, normalize, reduction, with_grad)
+
+
+def gram_offdiag_penalty_block(X: torch.Tensor, row_start: int, row_stop: int, p: int, backend: str = "auto",
+                               precision: str = "highest") -> Tuple[torch.Tensor, torch.Tensor]:
+    """For the rows [row_start, row_stop) of X (k×d, all rows), normalized: their part of the
+    penalty, Σ_{i in rows} Σ_{j≠i} |ĝ_ij|^p (a float64 0-d tensor), and ∂L/∂x_i of the full
+    L = Σ_{i≠j}|ĝ_ij|^p for those rows (m×d, in the compute dtype), from the fused kernel run on
+    those rows against all k. Summing the parts over a partition of the rows gives L: this is how
+    `packing.optimize` splits a step across ranks."""
+    inputs = _check_inputs(X, p, True, backend, precision)
+    k = inputs.x.shape[0]
+    if not (isinstance(row_start, int) and isinstance(row_stop, int) and 0 <= row_start < row_stop <= k):
+        raise ValueError(f"rows must satisfy 0 <= row_start < row_stop <= k = {k}, got [{row_start}, {row_stop})")
+    row_max, row_sum, grad_dir = _gram_offdiag_penalty(inputs, row_start, row_stop, True, True)
+    loss = _row_losses(row_max, row_sum, inputs.p).sum()
+    grad = _finish_grad(grad_dir, row_max, inputs.x[row_start:row_stop], inputs.norms[row_start:row_stop],
+                        inputs.p, 1.0)
+    return loss, grad
+
+
+def gram_offdiag_row_stats(X: torch.Tensor, p: int = 8, normalize: bool = True, backend: str = "auto",
+                           precision: str = "highest") -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per row: (m_i = max_{j≠i}|ĝ_ij|, L_i = Σ_{j≠i}|ĝ_ij|^p), both float64, without gradient.
+
+    L_i is formed from the kernel's scaled sums in log space, so it is exact to float64 range
+    even where |ĝ|^p underflows float32."""
+    inputs = _check_inputs(X, p, normalize, backend, precision)
+    row_max, row_sum, _ = _gram_offdiag_penalty(inputs, 0, inputs.x.shape[0], False, normalize)
+    return row_max.to(torch.float64), _row_losses(row_max, row_sum, inputs.p)
+
+
+def gram_offdiag_max(X: torch.Tensor, normalize: bool = True, backend: str = "auto",
+                     precision: str = "highest") -> float:
+    """ε* = max_{i≠j} |ĝ_ij|, streamed (never k×k).
+
+    With normalize=True this is kernel 1 (pairwise_cosine_stats over the pairs i<j: the largest
+    |cosine| is max(|min|, |max|)); with normalize=False the row maxima of the penalty kernel."""
+    if normalize:
+        _check_rows(_check_x(X), True)  # the penalty's errors (zero rows, ...)
+        stats = pairwise_cosine_stats(X.detach(), bins=1, backend=backend, precision=precision, progress=False)
+        return max(abs(stats.min), abs(stats.max))
+    row_max, _ = gram_offdiag_row_stats(X, p=1, normalize=False, backend=backend, precision=precision)
+    return float(row_max.max())
+
+
+# ------------------------------------------------------------------------------- launchers
+
+
+@register_kernel("gram_offdiag_penalty", "cpu", "cuda")
+def _gram_offdiag_penalty_compiled(q, x, row_offset, p, with_grad, precision):
+    """The C++ op (csrc/gram_offdiag_penalty_ops.cpp); its CUDA launcher forms the Gram panels
+    and the weight products with cuBLAS at `precision`."""
+    with cublas_precision(precision, x.device):
+        return torch.ops.repcap_fast.gram_offdiag_penalty(q, x, row_offset, p, with_grad)
+
+
+@register_kernel("gram_offdiag_penalty", "triton")
+def _gram_offdiag_penalty_triton(q, x, row_offset, p, with_grad, precision):
+    return triton_kernels().gram_offdiag_penalty_triton(q, x, row_offset, p, with_grad, precision)
+
+
+@register_kernel("gram_offdiag_penalty", "torch")
+def _gram_offdiag_penalty_torch(q, x, row_offset, p, with_grad, precision):
+    """The same contract in plain PyTorch: the m×k Gram rows g = q xᵀ materialized in x's dtype,
+    the diagonal entries g[r, row_offset + r] masked, r = |g|/m per row."""
+    with cublas_precision(precision, x.device):
+        g = q @ x.T
+    rows = torch.arange(q.shape[0], device=x.device)
+    g[rows, row_offset + rows] = 0.0
+    a = g.abs()
+    row_max = a.amax(dim=1)
+    safe = torch.where(row_max > 0, row_max, torch.ones_like(row_max))
+    ratio = a / safe[:, None]
+    row_sum = ratio.to(torch.float64).pow(p).sum(dim=1)
+    if not with_grad:
+        return row_max, row_sum, x.new_empty(0)
+    weights = torch.sign(g) * ratio.pow(p - 1)
+    with cublas_precision(precision, x.device):
+        return row_max, row_sum, weights @ x

@@ -1,0 +1,447 @@
+"""subspace_pga: the Subspace-PGA z-score of one layer (Xu 2026, DESIGN.md §1.4). Does a layer's
+pairwise-distance structure survive projection onto the unembedding's readout subspace better
+than onto random subspaces?
+
+For hidden states H (N×d) of one layer:
+  1. center H and remove its top m principal components (CCR-m, default m = 1);
+  2. V_k = top-k right singular vectors of W_U (default k = 100), through the d×d Gram in float64;
+  3. d_full = cosine distances 1 − cos of all pairs i<j (SciPy's condensed ``pdist`` order), and
+     d_S the same after projecting onto a subspace S;
+  4. ρ_readout = Spearman(d_full, d_{V_k}) with average ranks for ties (as scipy.stats.spearmanr);
+  5. ρ_b likewise for n_null subspaces drawn uniformly from the Grassmannian (seeded);
+  6. z = (ρ_readout − mean ρ_b) / std ρ_b (sample std, ddof = 1).
+
+Layers: ``subspace_pga`` (validates, preprocesses, draws the bases) → ``_subspace_pga`` (splits the
+subspaces across ranks, sizes the batches, dispatches) → ``KERNELS["subspace_pga"][backend]``
+(``_subspace_pga_compiled`` for cpu and cuda, ``_subspace_pga_triton``, ``_subspace_pga_torch``)
+→ the kernels (torch.ops.repcap_fast.subspace_pga_ranks/_rhos, triton_kernels.subspace_pga,
+reference.subspace_rhos_reference). ``method="stream"`` (histogram ranks) runs on torch ops.
+
+Every launcher takes (x, bases, batch, precision, progress, name_of): the preprocessed H (N×d,
+in the compute dtype), the bases (B, d, k), subspaces per kernel call, the precision, a progress
+bar and the name of basis b for errors; it returns ρ per basis (NaN where a projected row is 0).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from .. import _validation as val
+from .. import distributed
+from .._backends import (
+    check_precision,
+    cublas_precision,
+    dispatch,
+    kernel_limits,
+    register_kernel,
+    resolve_backend,
+    triton_kernels,
+)
+from .._progress import progress_bar
+from ..geometry import center_and_ccr, grassmann_bases, readout_subspace
+from ..reference import subspace_rhos_reference
+
+METHODS = ("exact", "stream")
+STREAM_BINS = 1 << 21  # histogram bins over [0, 2] of method="stream": width 9.5e-7
+_STREAM_TILE_ELEMS = 1 << 18  # distances per subspace formed at once by method="stream"
+_STREAM_BATCH = 4  # default subspaces per pass of method="stream"
+_PROGRESS_WORK = 2e8  # pairs × subspaces above which a bar is shown by default
+# Bytes per pair of one kernel call: (per subspace in flight, held once per call) for float32
+# keys, and the extra of float64 keys. cpu: each thread sorts keys and 32-bit payloads with
+# scratch twins; once: the float64 reference ranks and twice them as uint32. cuda: keys and
+# payloads of every subspace of the batch; once: reference ranks, twice them, and the shared
+# sort scratch. triton: see triton_kernels/subspace_pga.py.
+_PAIR_BYTES = {"cpu": ((16, 12), (8, 0)), "cuda": ((8, 20), (4, 4)), "triton": ((8, 52), (0, 0))}
+
+
+@dataclass
+class PGAResult:
+    """ρ_readout, the null ρ's and z = (ρ_readout − mean)/std (ddof = 1)."""
+
+    z: float
+    rho_readout: float
+    null_rhos: List[float]
+    null_mean: float
+    null_std: float
+    n_pairs: int
+    n_tokens: int
+    d: int
+    k: int
+    n_null: int
+    ccr: int
+    seed: int
+    method: str
+    backend: str
+    settings: Dict[str, object] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for key in ("z", "rho_readout", "null_mean", "null_std"):
+            if not math.isfinite(out[key]):
+                out[key] = None
+        return out
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """H validated, centered and CCR'd (float64), the readout basis and the null bases."""
+
+    H: torch.Tensor
+    x: torch.Tensor
+    readout: torch.Tensor
+    nulls: torch.Tensor
+    ccr: int
+    seed: int
+    method: str
+    backend: str
+    precision: str
+
+    def signature(self) -> Dict[str, object]:
+        return {"H": distributed.tensor_digest(self.H), "readout": distributed.tensor_digest(self.readout),
+                "nulls": distributed.tensor_digest(self.nulls), "k": int(self.readout.shape[1]),
+                "n_null": int(self.nulls.shape[0]), "ccr": self.ccr, "seed": self.seed, "method": self.method,
+                "backend": self.backend, "precision": self.precision}
+
+
+def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, precision) -> _Inputs:
+    H = val.as_matrix(H, "H")
+    val.row_norms(H, "H")  # NaN/Inf check with the first bad row
+    N, d = H.shape
+    if N < 3:
+        raise ValueError(f"H needs N >= 3 tokens (rows), got N={N}")
+    if isinstance(n_null, bool) or not isinstance(n_null, (int, np.integer)) or n_null < 2:
+        raise ValueError(f"n_null must be an int >= 2 (the null std needs two), got {n_null!r}")
+    val.check_choice(method, "method", METHODS)
+    check_precision(precision)
+    if method == "stream":
+        if backend not in ("auto", "torch", None):
+            raise ValueError(f"method='stream' runs on torch ops on H's device; backend must be 'auto' or "
+                             f"'torch', got {backend!r}")
+        name = "torch"
+    else:
+        name = resolve_backend(backend, H.device, "subspace_pga")
+        if name != "torch" and N > kernel_limits().pga_tokens:
+            raise ValueError(f"H has N={N} tokens; the {name} kernel takes at most {kernel_limits().pga_tokens} "
+                             f"(twice the ranks of the N(N−1)/2 pairs are 32-bit): use backend='torch' or "
+                             f"method='stream', or sample fewer tokens")
+    readout = readout_subspace(W_U, basis, k, layout, d)
+    x, _ = center_and_ccr(H, ccr)
+    zero = torch.linalg.vector_norm(x, dim=1) == 0
+    if bool(zero.any()):
+        raise ValueError(f"H has {int(zero.sum())} zero-norm rows after centering and CCR-{ccr} (an all-constant "
+                         "layer, or tokens equal to the mean); their cosine distance is undefined")
+    nulls = grassmann_bases(d, int(readout.shape[1]), n_null, seed, device=x.device)
+    return _Inputs(H, x, readout, nulls, int(ccr), int(seed), method, name, precision)
+
+
+# ------------------------------------------------------------------------- public function
+
+
+def subspace_pga(
+    H,
+    W_U=None,
+    *,
+    basis: Optional[torch.Tensor] = None,
+    k: int = 100,
+    n_null: int = 100,
+    ccr: int = 1,
+    seed: int = 0,
+    layout: str = "hf",
+    method: str = "exact",
+    batch: Optional[int] = None,
+    backend: str = "auto",
+    precision: str = "highest",
+    progress: Optional[bool] = None,
+    group=None,
+) -> PGAResult:
+    """Subspace PGA z-score of one layer's hidden states H (N×d) against W_U's readout subspace.
+
+    Args:
+        H: (N, d) hidden states of one layer, N ≥ 3 tokens, any float dtype.
+        W_U: the unembedding (layout "hf": V×d, "tl": d×V); or pass `basis` (d×k, orthonormal
+            columns) instead.
+        k: readout dimension (1 ≤ k < d), when W_U is given.
+        n_null: number of random subspaces (≥ 2), drawn with `grassmann_bases(d, k, n_null, seed)`.
+        ccr: principal components removed after centering (0 ≤ ccr < min(N, d)).
+        method: "exact" (average ranks over all N(N−1)/2 pairs, sorted), or "stream" (ranks from
+            histogram CDFs of STREAM_BINS = 2^21 bins over [0, 2], distances recomputed tile by
+            tile: O(bins) memory per subspace instead of O(pairs); runs on torch ops; its measured
+            error is in the README).
+        batch: subspaces per kernel call (default: the most that fit half of the memory available
+            now, by `pga_batch_bytes`; at most 16 on cpu and 64 on GPUs).
+        backend: "auto" (cpu for CPU tensors; cuda, else triton, for CUDA tensors), "cpu", "cuda",
+            "triton" or "torch" (the float64 reference, a per-subspace loop).
+        precision: "highest" (float32 projections and distances in IEEE float32) or "tf32" (GPU
+            tensor cores for the float32 projections; this reorders near-tied distances and
+            moves ρ). The kernels compute in float32 for 16/32-bit H and float64 for float64 H.
+        progress: a bar over the subspaces (default: on when N(N−1)/2·(n_null+1) ≥ 2e8).
+        group: a torch.distributed process group. When one is given, or the default group is
+            initialized with more than one rank (torchrun), the readout and null subspaces are
+            split across the ranks in contiguous blocks; every rank must pass the same H, W_U and
+            settings (checked) and returns the single-process result (the same ρ's, bitwise).
+
+    Returns a PGAResult (z, rho_readout, null_rhos, null_mean, null_std with ddof = 1, n_pairs).
+    """
+    group = distributed.resolve_group(group)
+    inputs = distributed.prepare_on_every_rank("subspace_pga", group, _check_inputs, H, W_U, basis, k, n_null, ccr,
+                                               seed, layout, method, backend, precision)
+    rhos = _subspace_pga(inputs, batch, progress, group)
+    rho_readout, null = rhos[0], np.asarray(rhos[1:], dtype=np.float64)
+    null_mean, null_std = float(null.mean()), float(null.std(ddof=1))
+    z = (rho_readout - null_mean) / null_std if null_std > 0 else float("nan")
+    N, d = inputs.H.shape
+    return PGAResult(
+        z=float(z), rho_readout=float(rho_readout), null_rhos=null.tolist(), null_mean=null_mean,
+        null_std=null_std, n_pairs=N * (N - 1) // 2, n_tokens=N, d=d, k=int(inputs.readout.shape[1]),
+        n_null=int(n_null), ccr=int(ccr), seed=int(seed), method=method, backend=inputs.backend,
+        settings={"layout": layout, "readout": "basis" if basis is not None else "W_U", "precision": precision,
+                  "ranks": "average (ties)" if method == "exact" else
+                  f"histogram CDF: {STREAM_BINS} bins over [0, 2], a bin's pairs share its average rank",
+                  "distances": "cosine, float64" if (inputs.backend == "torch" and method == "exact")
+                  or inputs.H.dtype == torch.float64 else "cosine, float32 (projection and dot products)"},
+    )
+
+
+# -------------------------------------------------------------------------------- dispatch
+
+
+def _subspace_name(b: int) -> str:
+    return "the readout subspace" if b == 0 else f"null subspace {b - 1}"
+
+
+def _subspace_pga(inputs: _Inputs, batch: Optional[int], progress: Optional[bool], group) -> List[float]:
+    """ρ of the readout (first) and every null subspace. With a group, each rank runs a
+    contiguous share of the subspaces and the ρ's are summed back into place (exact: each is
+    nonzero on one rank)."""
+    x = inputs.x
+    bases = torch.cat([inputs.readout.to(x.device)[None], inputs.nulls])
+    n_bases = bases.shape[0]
+    N = x.shape[0]
+    rank, world = (0, 1) if group is None else distributed.rank_and_world(group)
+    mine = distributed.contiguous_share(n_bases, rank, world)
+    dtype = torch.float64 if inputs.backend == "torch" and inputs.method == "exact" else \
+        val.compute_dtype(inputs.H.dtype)
+    xk = x.to(dtype).contiguous()
+
+    def run() -> List[float]:
+        share = bases[mine.start : mine.stop]
+        with progress_bar(progress if rank == 0 else False, total=len(share), desc="subspace PGA", unit="subspace",
+                          work=N * (N - 1) // 2 * n_bases, auto_above=_PROGRESS_WORK) as bar:
+            if len(share) == 0:
+                return []
+            name_of = lambda b: _subspace_name(mine.start + b)  # noqa: E731
+            if inputs.method == "stream":
+                size = _STREAM_BATCH if batch is None else _batch_size(batch, "torch", N, share.shape[-1], n_bases,
+                                                                        dtype, x.device)
+                rhos = _subspace_rhos_stream(xk, share, size, inputs.precision, bar, name_of)
+            else:
+                name, launcher = dispatch("subspace_pga", inputs.backend, x.device)
+                size = _batch_size(batch, name, N, share.shape[-1], n_bases, dtype, x.device)
+                rhos = launcher(xk, share, size, inputs.precision, bar, name_of)
+        for b, r in enumerate(rhos):
+            if math.isnan(r):  # a zero projected row, or all distances equal (ρ undefined: NaN)
+                norms = torch.linalg.vector_norm(xk @ share[b].to(dtype), dim=1)
+                if bool((norms == 0).any()):
+                    raise ValueError(f"H projected on {name_of(b)} has zero-norm rows; cosine distance is undefined")
+        return rhos
+
+    if group is None:
+        return run()
+    share = torch.zeros(n_bases, dtype=torch.float64)
+    share[mine.start : mine.stop] = torch.tensor(distributed.run_on_every_rank("subspace_pga", run, group),
+                                                 dtype=torch.float64)
+    return distributed.sum_across_ranks([share], group, x.device)[0].tolist()
+
+
+def _memory_budget(device: torch.device) -> int:
+    """Half of the memory available now. GPU: free device memory plus what torch's caching
+    allocator holds unused. Host: MemAvailable (page cache counts as available), capped by a
+    cgroup memory limit when there is one."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return (free + cached) // 2
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if available is None:
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            available = 8 << 30
+    try:  # cgroup v2: limit − usage
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max":
+            with open("/sys/fs/cgroup/memory.current") as f:
+                available = min(available, int(limit) - int(f.read().strip()))
+    except (OSError, ValueError):
+        pass
+    return max(available, 0) // 2
+
+
+def pga_batch_bytes(backend: str, n_tokens: int, k: int, batch: int, dtype=torch.float32) -> int:
+    """Peak extra bytes of one kernel call over `batch` subspaces (the model the auto batch
+    size uses): per pair, per subspace in flight, plus what the call holds once."""
+    n = n_tokens * (n_tokens - 1) // 2
+    (per, once), (per_wide, once_wide) = _PAIR_BYTES[backend]
+    wide = dtype == torch.float64
+    elem = 8 if wide else 4
+    in_flight = min(batch, torch.get_num_threads()) if backend == "cpu" else batch
+    rows = n_tokens * (k + 1 + (256 if backend == "cpu" else 0))  # projection, norms, a Gram tile
+    return in_flight * (n * (per + wide * per_wide) + rows * elem) + n * (once + wide * once_wide)
+
+
+def _batch_size(batch, name: str, n_tokens: int, k: int, n_bases: int, dtype, device) -> int:
+    """Subspaces per kernel call: `batch`, or the most that fit half of the available memory."""
+    if batch is not None:
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise ValueError(f"batch must be an int >= 1 (subspaces per kernel call), got {batch!r}")
+        return int(batch)
+    if name == "torch":
+        return 1
+    budget = _memory_budget(device)
+    fit = 1
+    while fit < n_bases and pga_batch_bytes(name, n_tokens, k, fit * 2, dtype) <= budget:
+        fit *= 2
+    while fit > 1 and pga_batch_bytes(name, n_tokens, k, fit, dtype) > budget:
+        fit //= 2
+    return max(1, min(fit, n_bases, 16 if name == "cpu" else 64))  # cpu: progress granularity
+
+
+# ------------------------------------------------------------------------------- launchers
+
+
+def _rhos_in_batches(ranks_fn: Callable, rhos_fn: Callable, x, bases, batch: int, bar) -> List[float]:
+    """The fused kernels' loop: the reference ranks of x once, then ρ per call of `batch` bases."""
+    ref = ranks_fn(x)
+    rhos: List[float] = []
+    for b0 in range(0, bases.shape[0], batch):
+        chunk = bases[b0 : b0 + batch].to(x.dtype).contiguous()
+        rhos.extend(rhos_fn(x, chunk, ref).tolist())
+        bar.update(chunk.shape[0])
+    return rhos
+
+
+@register_kernel("subspace_pga", "cpu", "cuda")
+def _subspace_pga_compiled(x, bases, batch, precision, bar, name_of):
+    """The C++ ops (csrc/subspace_pga_ops.cpp); on CUDA the projections are cuBLAS GEMMs at
+    `precision`."""
+    with cublas_precision(precision, x.device):
+        return _rhos_in_batches(torch.ops.repcap_fast.subspace_pga_ranks, torch.ops.repcap_fast.subspace_pga_rhos,
+                                x, bases, batch, bar)
+
+
+@register_kernel("subspace_pga", "triton")
+def _subspace_pga_triton(x, bases, batch, precision, bar, name_of):
+    kernels = triton_kernels()
+    return _rhos_in_batches(lambda u: kernels.subspace_pga_ranks_triton(u, precision),
+                            lambda u, b, ref: kernels.subspace_pga_rhos_triton(u, b, ref, precision),
+                            x, bases, batch, bar)
+
+
+@register_kernel("subspace_pga", "torch")
+def _subspace_pga_torch(x, bases, batch, precision, bar, name_of):
+    """The reference's per-subspace loop (float64 x: batch and precision do not apply)."""
+    return subspace_rhos_reference(x, bases.to(x.dtype), bar, name_of)
+
+
+# ----------------------------------------------------------------------- method="stream"
+
+
+def _row_norms(x: torch.Tensor) -> torch.Tensor:
+    """‖x_i‖ summed in float64 and rounded to x's dtype (as the C++ kernel does): float32 rows of
+    1e-25 keep a nonzero norm."""
+    return torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float64).to(x.dtype)
+
+
+def _stream_bins(u: torch.Tensor, bins: int, rows: int):
+    """Histogram bins of the cosine distances of the unit rows u (…, N, k), pairs i<j, formed
+    `rows` rows at a time: yields (…, pairs of the block) int64 bins, in condensed order."""
+    N = u.shape[-2]
+    for r0 in range(0, N - 1, rows):
+        r1 = min(N - 1, r0 + rows)
+        dots = u[..., r0:r1, :] @ u[..., r0:, :].transpose(-2, -1)  # (…, r1-r0, N-r0)
+        keep = torch.ones(r1 - r0, N - r0, dtype=torch.bool, device=u.device).triu_(1)
+        dist = (1.0 - dots[..., keep]).clamp_(0.0, 2.0)
+        yield (dist * (bins / 2.0)).to(torch.int64).clamp_(0, bins - 1)
+
+
+def _midranks(hist: torch.Tensor, mean: float):
+    """(R − m per bin, Σ count·(R − m)²) per row of hist (…, bins): R = count below +
+    (count + 1)/2, the average rank of a bin's pairs were they tied, in float64. One row's
+    temporaries at a time: 8 B per bin per row kept, plus 16 B per bin of one row."""
+    flat = hist.reshape(-1, hist.shape[-1])
+    centered = torch.empty(flat.shape, dtype=torch.float64, device=hist.device)
+    sum_sq = torch.empty(flat.shape[0], dtype=torch.float64, device=hist.device)
+    for r in range(flat.shape[0]):
+        h = flat[r].to(torch.float64)
+        c = centered[r]
+        torch.cumsum(h, dim=0, out=c)
+        c.sub_(h, alpha=0.5).add_(0.5 - mean)  # count below + (count + 1)/2 − m
+        sum_sq[r] = torch.dot(c * c, h)
+    return centered.reshape(hist.shape), sum_sq.reshape(hist.shape[:-1])
+
+
+def _subspace_rhos_stream(x: torch.Tensor, bases: torch.Tensor, batch: int, precision: str, bar,
+                          name_of: Callable[[int], str], bins: int = STREAM_BINS,
+                          tile_elems: int = _STREAM_TILE_ELEMS) -> List[float]:
+    """ρ per basis with ranks from histogram CDFs (method="stream"): every distance falls in one
+    of `bins` bins of [0, 2], and the pairs of a bin share the bin's average rank. Two passes
+    over the pairs, recomputing distances tile by tile: the histograms, then Σ (R_F − m)(R_S − m).
+    Memory: 12 B per bin per subspace of a batch and of the full space (counts, midranks), one
+    tile of distances, never a subspace's pairs."""
+    N = x.shape[0]
+    n = N * (N - 1) // 2
+    mean = 0.5 * (n + 1)
+    full = x / _row_norms(x)
+    # One row blocking for every pass and batch size, so the dot products (and the result) do not
+    # depend on the batch.
+    rows = max(1, min(N - 1, tile_elems // N))
+    count_dtype = torch.int32 if n < 2**31 else torch.int64  # a bin may hold every pair
+
+    def histogram(u):  # (…, bins) pair counts
+        lead = int(np.prod(u.shape[:-2])) if u.dim() > 2 else 1
+        hist = torch.zeros(lead, bins, dtype=count_dtype, device=u.device)
+        for b in _stream_bins(u, bins, rows):
+            b = b.reshape(lead, -1)
+            hist.scatter_add_(1, b, torch.ones_like(b, dtype=count_dtype))  # in place
+        return hist.reshape(*u.shape[:-2], bins)
+
+    with cublas_precision(precision, x.device):
+        full_centered, full_sum_sq = _midranks(histogram(full), mean)
+        rhos: List[float] = []
+        for b0 in range(0, bases.shape[0], batch):
+            proj = torch.matmul(x, bases[b0 : b0 + batch].to(x.dtype))  # (B, N, k)
+            norms = _row_norms(proj)
+            zero = (norms == 0).flatten(1).any(dim=1).tolist()
+            if any(zero):
+                raise ValueError(f"H projected on {name_of(b0 + zero.index(True))} has zero-norm rows; "
+                                 "cosine distance is undefined")
+            u = proj / norms
+            del proj
+            sub_centered, sub_sum_sq = _midranks(histogram(u), mean)
+            cross = torch.zeros(u.shape[0], dtype=torch.float64, device=x.device)
+            for bf, bs in zip(_stream_bins(full, bins, rows), _stream_bins(u, bins, rows)):
+                r_full = full_centered[bf]  # (pairs,)
+                r_sub = torch.gather(sub_centered, 1, bs)  # (B, pairs)
+                cross += r_sub @ r_full
+            den = sub_sum_sq * full_sum_sq
+            rho = torch.where(den > 0, cross / den.clamp_min(1e-300).sqrt(), torch.full_like(cross, float("nan")))
+            rhos.extend(rho.tolist())
+            bar.update(u.shape[0])
+    return rhos

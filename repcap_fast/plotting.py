@@ -1,0 +1,163 @@
+"""Every plot repcap_fast writes, as PNG files (matplotlib, Agg backend): cosine histograms, the
+Subspace-PGA profile, spectra per layer, a packing loss curve, a capacity fit and a survey."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+import numpy as np
+
+_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red")
+
+
+@contextlib.contextmanager
+def _figure(path: str, *args, dpi: int = 130, **kwargs) -> Iterator[Tuple]:
+    """(fig, axes) of a new figure, laid out and saved to `path` (its folder created) on exit."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(*args, **kwargs)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+    finally:
+        plt.close(fig)
+
+
+def _nan(x) -> float:
+    return np.nan if x is None else x
+
+
+def plot_cosine_histograms(curves: Sequence, path: str, title: str, k_sigma: float = 2.0,
+                           quantiles: Sequence[float] = (0.5, 0.99, 0.999)) -> None:
+    """Density of the pairwise cosines, one curve per (label, CosineStats), with μ (dotted) and
+    ε = μ + k_sigma·σ (solid) marked; with a single curve also its `quantiles` (those inside the
+    histogram's range)."""
+    with _figure(path, figsize=(8, 4.5)) as (fig, ax):
+        lo, hi = 1.0, -1.0
+        for (label, stats), color in zip(curves, _COLORS):
+            edges = stats.edges.numpy()
+            centers = 0.5 * (edges[:-1] + edges[1:])
+            density = stats.hist.numpy() / (stats.count * stats.bin_width)
+            ax.plot(centers, density, drawstyle="steps-mid", lw=0.9, color=color, label=label)
+            ax.fill_between(centers, density, step="mid", alpha=0.2, color=color)
+            eps = stats.epsilon(k_sigma)
+            ax.axvline(stats.mean, color=color, ls=":", lw=1.0, label=f"{label}: μ = {stats.mean:.4f}")
+            ax.axvline(eps, color=color, ls="-", lw=1.2, label=f"{label}: ε = μ+{k_sigma:g}σ = {eps:.4f}")
+            lo, hi = min(lo, stats.min), max(hi, stats.max)
+            if len(curves) == 1:
+                for q, style in zip(quantiles, (":", "--", "-.", (0, (1, 3)))):
+                    try:
+                        value = stats.quantile(q)
+                    except ValueError:  # outside the histogram's range
+                        continue
+                    ax.axvline(value, color="tab:green", ls=style, lw=1.0, label=f"q{q:g} = {value:.4f}")
+        edges = curves[0][1].edges
+        ax.set_xlim(max(float(edges[0]), lo - 0.05), min(float(edges[-1]), hi + 0.05))
+        ax.set_xlabel("cosine similarity of token pairs")
+        ax.set_ylabel("density")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+
+
+def plot_pga_profile(profile: Dict, path: str, title: str) -> None:
+    """z per layer for each CCR variant ({ccr: [row per layer]}, rows with layer, z, rho_readout,
+    null_mean, null_std), with the null band |z| ≤ 2; ρ_readout against the null mean ± 2 sample
+    std of the null ρ's."""
+    with _figure(path, 1, 2, figsize=(12, 4.5)) as (fig, (ax_z, ax_r)):
+        for (ccr, rows), color in zip(profile.items(), _COLORS):
+            layers = [r["layer"] for r in rows]
+            ax_z.plot(layers, [_nan(r["z"]) for r in rows], "o-", ms=3, color=color, label=f"CCR-{ccr}")
+            mean = np.array([_nan(r["null_mean"]) for r in rows], dtype=float)
+            std = np.array([_nan(r["null_std"]) for r in rows], dtype=float)
+            ax_r.plot(layers, [_nan(r["rho_readout"]) for r in rows], "o-", ms=3, color=color,
+                      label=f"ρ readout, CCR-{ccr}")
+            ax_r.fill_between(layers, mean - 2 * std, mean + 2 * std, color=color, alpha=0.15)
+        ax_z.axhspan(-2, 2, color="grey", alpha=0.2, label="null band |z| ≤ 2")
+        ax_z.axhline(0, color="grey", lw=0.8)
+        ax_z.set_xlabel("layer")
+        ax_z.set_ylabel("z = (ρ_readout − mean ρ_null) / std ρ_null")
+        ax_z.legend(fontsize=8)
+        ax_r.set_xlabel("layer")
+        ax_r.set_ylabel("Spearman ρ (full vs subspace distances)")
+        ax_r.set_title("shaded: null mean ± 2 std", fontsize=9)
+        ax_r.legend(fontsize=8)
+        fig.suptitle(title)
+
+
+def plot_spectral(rows: List[Dict], path: str, title: str) -> None:
+    """RankMe, α-ReQ, isotropy and condition number per layer, and the mass of the top principal
+    directions in the readout subspace (rows of `report.spectral_profile`)."""
+    layers = [r["layer"] for r in rows]
+    with _figure(path, 1, 5, figsize=(17, 3.6)) as (fig, axes):
+        for ax, key, label in zip(axes, ("rankme", "alpha_req", "isotropy", "condition_number"),
+                                  ("RankMe (singular values)", "α-ReQ", "isotropy (partition fn.)",
+                                   "condition number")):
+            ax.plot(layers, [_nan(r[key]) for r in rows], "o-", ms=3)
+            ax.set_title(label, fontsize=9)
+            ax.set_xlabel("layer")
+            if key == "condition_number":
+                ax.set_yscale("log")
+        ax = axes[4]
+        ax.plot(layers, [r["readout_alignment_mean"] for r in rows], "o-", ms=3, label="top PCs, mean")
+        ax.plot(layers, [r["readout_alignment_top"][0] for r in rows], "s--", ms=3, label="top PC")
+        ax.axhline(rows[0]["random_direction_expectation"], color="grey", ls=":", label="random direction (k/d)")
+        ax.set_ylim(0, 1.02)
+        ax.set_title("PC mass in the readout subspace", fontsize=9)
+        ax.set_xlabel("layer")
+        ax.legend(fontsize=7)
+        fig.suptitle(title)
+
+
+def plot_loss(history: Sequence[float], path: str, title: str) -> None:
+    """The packing loss Σ|ĝ|^p per Adam step, log scale."""
+    with _figure(path, figsize=(6, 4), dpi=120) as (fig, ax):
+        ax.semilogy(np.arange(1, len(history) + 1), history)
+        ax.set_xlabel("Adam step")
+        ax.set_ylabel("Σ|ĝ|^p")
+        ax.set_title(title, fontsize=10)
+
+
+def plot_fit(fit, path: str) -> None:
+    """A capacity fit (fitting.FitResult): measured against fitted ε (left), and ε against k per
+    d, data and fit (right)."""
+    with _figure(path, 1, 2, figsize=(11, 4.5), dpi=120) as (fig, (ax1, ax2)):
+        ax1.scatter(fit.predicted, fit.eps, s=14)
+        lo, hi = float(min(fit.eps.min(), fit.predicted.min())), float(max(fit.eps.max(), fit.predicted.max()))
+        ax1.plot([lo, hi], [lo, hi], "k--", lw=1)
+        ax1.set_xlabel("fitted ε")
+        ax1.set_ylabel(f"measured ε ({fit.eps_key})")
+        params = ", ".join(f"{k}={v:.4g}" for k, v in fit.params.items())
+        ax1.set_title(f"{fit.form}: {params}\nR²={fit.r2:.4f}  MAPE={fit.mape:.2f}%  NRMSE={fit.nrmse:.2f}%",
+                      fontsize=9)
+        for d in np.unique(fit.d):
+            sel = fit.d == d
+            order = np.argsort(fit.k[sel])
+            line = ax2.plot(fit.k[sel][order], fit.eps[sel][order], "o", ms=3)[0]
+            kk = np.linspace(fit.k[sel].min(), fit.k[sel].max(), 100)
+            ax2.plot(kk, fit.predict(kk, np.full_like(kk, d)), "-", color=line.get_color(), lw=1, label=f"d={int(d)}")
+        ax2.set_xscale("log")
+        ax2.set_xlabel("k")
+        ax2.set_ylabel("ε")
+        ax2.legend(fontsize=7, ncol=2)
+
+
+def plot_survey(models: Sequence[Dict], path: str) -> None:
+    """ε against d_model, one point per surveyed model (rows of survey.json), with the
+    borderline band 0.1 ≤ ε ≤ 0.2 shaded."""
+    with _figure(path, figsize=(6.5, 4.5)) as (fig, ax):
+        for r in models:
+            ax.scatter(r["d_model"], r["epsilon"], s=30)
+            ax.annotate(os.path.basename(r["source"].rstrip("/")), (r["d_model"], r["epsilon"]), fontsize=7,
+                        xytext=(4, 3), textcoords="offset points")
+        ax.axhspan(0.1, 0.2, color="grey", alpha=0.15, label="borderline (0.1 < ε < 0.2)")
+        ax.set_xscale("log")
+        ax.set_xlabel("d_model")
+        ax.set_ylabel("ε = μ + 2σ")
+        ax.legend(fontsize=8)

@@ -1,0 +1,41 @@
+"""Helpers shared by the Triton launchers: whether the interpreter runs them, the device guard,
+tl.dot's input precision, and the upper-triangle tile enumeration (a jit function)."""
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from .._backends import triton_input_precision, triton_interpreting
+
+__all__ = ["device_guard", "input_precision", "interpreting", "upper_tile_coords"]
+
+
+def interpreting() -> bool:
+    """Whether the kernels run under the Triton interpreter (TRITON_INTERPRET=1, CPU tensors)."""
+    return triton_interpreting()
+
+
+def device_guard(t: torch.Tensor):
+    """Launches on t's GPU (a no-op context for CPU tensors under the interpreter)."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+def input_precision(precision: str, dtype: torch.dtype) -> str:
+    """tl.dot's input_precision for operands of `dtype` at the op's `precision`."""
+    return triton_input_precision(precision, dtype)
+
+
+# Row-major enumeration of tiles bi <= bj of an nb × nb tile grid: row bi starts at
+# bi*nb - bi*(bi-1)/2 (the same map as upper_tile_coords in csrc/pairwise_cosine_stats_epilogue.h).
+@triton.jit
+def upper_tile_coords(t, nb):
+    two_n1 = tl.cast(2 * nb + 1, tl.float64)  # nb may be a constexpr int (== 1) on GPU
+    disc = two_n1 * two_n1 - 8.0 * t.to(tl.float64)
+    bi = ((two_n1 - tl.sqrt(tl.maximum(disc, 0.0))) * 0.5).to(tl.int64)
+    bi = tl.minimum(tl.maximum(bi, 0), nb - 1)
+    bi = tl.where(bi * nb - bi * (bi - 1) // 2 > t, bi - 1, bi)
+    bi = tl.where((bi + 1) * nb - (bi + 1) * bi // 2 <= t, bi + 1, bi)
+    bj = bi + (t - (bi * nb - bi * (bi - 1) // 2))
+    return bi, bj
