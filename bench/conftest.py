@@ -9,4 +9,4 @@ if not torch.cuda.is_available():
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (bench/gpu_suite.sh selects with -k gpu)")

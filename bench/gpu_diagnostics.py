@@ -13,28 +13,23 @@ Each line is one measurement, printed as it lands and saved as JSON:
 import json
 import os
 import sys
-import time
 
 import torch
 
 import repcap_fast as rf
 from repcap_fast import pga
+from repcap_fast._backends import cublas_precision
 from repcap_fast.reference import gram_offdiag_penalty_reference
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import machine, timed  # noqa: E402
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "results", "gpu_diagnostics.json")
 ROWS = []
 
 
 def seconds(fn, repeats=3):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return timed(fn, repeats, device="cuda")["seconds"]
 
 
 def emit(**row):
@@ -42,7 +37,16 @@ def emit(**row):
     print(json.dumps(row), flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(OUT)), exist_ok=True)
     with open(OUT, "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": ROWS}, f, indent=1)
+        json.dump({"machine": machine(), "rows": ROWS}, f, indent=1)
+
+
+def gemms(x, upper):
+    """The bare GEMMs of the pairs, in 8192-row panels: all V×V tiles, or the upper triangle's."""
+    v = x.shape[0]
+    out = torch.empty(8192, v, dtype=x.dtype, device=x.device)
+    for r0 in range(0, v, 8192):
+        c0 = r0 if upper else 0
+        torch.mm(x[r0 : r0 + 8192], x[c0:].T, out=out[:, : v - c0])
 
 
 def cosine_stats():
@@ -52,16 +56,8 @@ def cosine_stats():
     for d, dtype in ((896, torch.bfloat16), (4096, torch.bfloat16), (4096, torch.float32)):
         x = (torch.randn(v, d, device="cuda") + 0.2).to(dtype)
         tag = dict(op="pairwise_cosine_stats", v=v, d=d, dtype=str(dtype).replace("torch.", ""))
-        out = torch.empty(8192, v, dtype=dtype, device="cuda")
-
-        def gemms(upper):
-            for r0 in range(0, v, 8192):
-                c0 = r0 if upper else 0
-                torch.mm(x[r0 : r0 + 8192], x[c0:].T, out=out[:, : v - c0])
-
-        emit(**tag, what="gemm_full", seconds=seconds(lambda: gemms(False)))
-        emit(**tag, what="gemm_upper_row_panels", seconds=seconds(lambda: gemms(True)))
-        del out
+        emit(**tag, what="gemm_full", seconds=seconds(lambda: gemms(x, False)))
+        emit(**tag, what="gemm_upper_row_panels", seconds=seconds(lambda: gemms(x, True)))
         for backend in ("cuda", "triton"):
             for bins in (4096, 1):
                 try:
@@ -82,7 +78,7 @@ def cosine_stats():
                 emit(**tag, what=f"triton_cfg_{block}_{block_k}_{warps}_{stages}", error=str(exc)[:300])
             finally:
                 tk._config = default
-        del x
+        x = None  # freed before the next size is drawn
         torch.cuda.empty_cache()
 
 
@@ -95,11 +91,12 @@ def penalty():
         x.grad = None
         fn().backward()
 
-    for tf32 in (False, True):
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        emit(**tag, what="cuda", tf32=tf32, seconds=seconds(lambda: step(lambda: rf.gram_offdiag_penalty(x, p, backend="cuda"))))
-        emit(**tag, what="torch_autograd", tf32=tf32, seconds=seconds(lambda: step(lambda: gram_offdiag_penalty_reference(x, p))))
-    torch.backends.cuda.matmul.allow_tf32 = False
+    for precision in ("highest", "tf32"):
+        emit(**tag, what="cuda", precision=precision, seconds=seconds(
+            lambda: step(lambda: rf.gram_offdiag_penalty(x, p, backend="cuda", precision=precision))))
+        with cublas_precision(precision, x.device):
+            emit(**tag, what="torch_autograd", precision=precision, seconds=seconds(
+                lambda: step(lambda: gram_offdiag_penalty_reference(x, p))))
 
 
 def subspace():
@@ -117,7 +114,8 @@ def subspace():
     emit(**tag, what="ranks_full_space", seconds=seconds(lambda: torch.ops.repcap_fast.subspace_pga_ranks(hc)))
     for batch in (8, 32, 100):
         emit(**tag, what=f"rhos_kernel_batch{batch}", seconds=seconds(
-            lambda: [torch.ops.repcap_fast.subspace_pga_rhos(hc, bases[i : i + batch], ranks) for i in range(0, nulls, batch)]))
+            lambda: [torch.ops.repcap_fast.subspace_pga_rhos(hc, bases[i : i + batch], ranks)
+                     for i in range(0, nulls, batch)]))
     emit(**tag, what="subspace_pga_cuda_total", seconds=seconds(
         lambda: pga.subspace_pga(h, w, k=k, n_null=nulls, ccr=1, seed=0, backend="cuda", progress=False)))
 

@@ -62,10 +62,11 @@ fi
 python -c "import json, repcap_fast as rf; print(json.dumps(rf.info(), indent=1))" > "$out/info.json" 2>&1
 grep -A5 '"built"' "$out/info.json" | tee -a "$log"
 
-# Tests: in parallel workers when pytest-xdist is there (Triton compiles are CPU-bound).
+# Tests: every op test's CUDA twin (marker gpu), in parallel workers when pytest-xdist is there
+# (Triton compiles are CPU-bound).
 par=(); python -c "import xdist" 2>/dev/null && par=(-n 8)
 tmo=(); python -c "import pytest_timeout" 2>/dev/null && tmo=(--timeout=150)
-step tests 200 python -m pytest tests/test_gpu.py tests/test_backends.py -q -rfE --tb=short "${par[@]}" "${tmo[@]}" \
+step tests 200 python -m pytest tests -m gpu -q -rfE --tb=short "${par[@]}" "${tmo[@]}" \
   -p no:cacheprovider --junitxml="$out/gpu_tests.xml"
 tests_rc=$?
 

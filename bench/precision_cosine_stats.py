@@ -2,18 +2,21 @@
 float32, bfloat16 and float16 inputs (the same values cast, so only the arithmetic differs).
 
     python bench/precision_cosine_stats.py   # about 3 minutes on 2 cores
-Writes bench/results/cosine_stats_cpu_precision_minilm.json.
+Writes bench/results/cosine_stats_cpu_precision_minilm.json (bench/_harness.py).
 """
 
-import json
 import math
 import os
+import sys
 
 import torch
 
 import repcap_fast as rf
-from repcap_fast.reference import pairwise_cosine_stats_reference
 from repcap_fast.models import load_embeddings
+from repcap_fast.reference import pairwise_cosine_stats_reference
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import format_table, write_results  # noqa: E402
 
 
 def main():
@@ -32,10 +35,12 @@ def main():
             "hist_moved_frac": int((s.hist - r["hist"]).abs().sum()) / s.count, "eps": s.epsilon(),
         }
         print(dtype, out[str(dtype)], flush=True)
-    path = os.path.join(os.path.dirname(__file__), "results", "cosine_stats_cpu_precision_minilm.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
-    print("wrote", path)
+    lines = format_table([("dtype", "input"), ("d_mean", "|Δμ|"), ("d_std", "|Δσ|"), ("d_eps", "|Δε|"),
+                          ("d_min", "|Δmin|"), ("d_max", "|Δmax|"), ("hist_moved_frac", "pairs in another bin")],
+                         [{"dtype": k.replace("torch.", ""), **v} for k, v in out.items()],
+                         {k: ".2g" for k in ("d_mean", "d_std", "d_eps", "d_min", "d_max", "hist_moved_frac")})
+    write_results("cosine_stats_cpu_precision_minilm", {"op": "pairwise_cosine_stats (cpu) against float64",
+                                                        "results": out}, lines)
 
 
 if __name__ == "__main__":
