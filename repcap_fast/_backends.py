@@ -1,11 +1,12 @@
 """The dispatch table ``KERNELS[op][backend]``, its one resolution rule, and ``info()``.
 
-Backends: ``cuda`` (C++/CUDA in repcap_fast._C), ``triton``, ``cpu`` (C++/OpenMP in _C) and
-``torch`` (plain PyTorch: the reference). Each op module registers one launcher per backend with
-``register_kernel``; every launcher of an op takes the same arguments. ``backend="auto"`` picks,
-for the tensor's device, the first available backend of ``AUTO_ORDER`` (GPU: cuda, then triton,
-as measured on the H200 in bench/results/; CPU: the C++ kernel; the Triton interpreter is never
-picked automatically). The environment variable ``REPCAP_BACKEND`` forces one in place of "auto".
+Backends: ``cuda`` (C++/CUDA in repcap_fast._C), ``triton`` (which reads the kernels' limits from _C
+too), ``cpu`` (C++/OpenMP in _C) and ``torch`` (plain PyTorch in float64: the reference). Each op
+module registers one launcher per backend with ``register_kernel``; every launcher of an op takes
+the same arguments. ``backend="auto"`` picks, for the tensor's device, the first available backend
+of ``AUTO_ORDER`` (GPU: cuda, then triton, as measured on the H200 in bench/results/; CPU: the C++
+kernel; the Triton interpreter is never picked automatically). The environment variable
+``REPCAP_BACKEND`` forces one in place of "auto".
 
 Also here, because every op shares them: the kernels' limits and the ``precision`` setting (one
 name and one meaning in every op), both read from the compiled module, and the cuBLAS float32
@@ -190,6 +191,9 @@ def _unavailable_reason(backend: str, device: torch.device) -> Optional[str]:
     module, err = _triton()
     if module is None:
         return f"triton is not installed ({err}); `pip install triton`"
+    if _compiled()[0] is None:  # the Triton launchers read the kernels' limits from _C
+        return f"the Triton kernels need repcap_fast._C (their limits), which is not built ({_compiled()[1]}). " \
+               f"{_BUILD_HINT}"
     if device.type == "cpu" and not triton_interpreting():
         return ("Triton kernels run on GPU tensors; on CPU tensors they need the interpreter "
                 "(TRITON_INTERPRET=1, slow, for testing)")

@@ -32,6 +32,13 @@ def check_int(value, name: str, minimum: Optional[int] = None, maximum: Optional
     return value
 
 
+def check_n_null(n_null) -> int:
+    """The number of null subspaces of Subspace PGA: an int ≥ 2 (the null's std needs two)."""
+    if isinstance(n_null, bool) or not isinstance(n_null, (int, np.integer)) or n_null < 2:
+        raise ValueError(f"n_null must be an int >= 2 (the null std needs two), got {n_null!r}")
+    return int(n_null)
+
+
 def check_bool(value, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -131,6 +138,13 @@ def restrict_rows(x: torch.Tensor, n_rows: Optional[int], name: str, arg: str = 
     if not 1 <= int(n_rows) <= x.shape[0]:
         raise ValueError(f"{arg} must be in [1, {x.shape[0]}] ({name} has {x.shape[0]} rows), got {n_rows}")
     return x[: int(n_rows)]
+
+
+def finite_matrix(x, name: str) -> torch.Tensor:
+    """`as_matrix(x, name)` with no NaN/Inf value (the error names the first bad row)."""
+    x = as_matrix(x, name)
+    row_norms(x, name)
+    return x
 
 
 def row_norms(x: torch.Tensor, name: str) -> torch.Tensor:

@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 
 from . import fitting
+from ._deprecated import moved_names
 
 JL_C_PROVEN = 8.0
 JL_C_FITTED = 3.029
@@ -192,3 +193,7 @@ def fit(*args, **kwargs) -> fitting.FitResult:
     warnings.warn("repcap_fast.capacity.fit is deprecated; use repcap_fast.fitting.fit", DeprecationWarning,
                   stacklevel=2)
     return fitting.fit(*args, **kwargs)
+
+
+__getattr__ = moved_names(__name__, {"FIT_FORMS": ("repcap_fast.fitting", "FIT_FORMS"),
+                                     "FitResult": ("repcap_fast.fitting", "FitResult")})

@@ -15,6 +15,7 @@ import torch
 
 from . import capacity, distributed, fitting, packing, plotting
 from ._backends import BACKENDS, PRECISIONS, info
+from ._deprecated import moved_names
 from ._validation import DTYPE_NAMES
 from ._version import __version__
 from .models import DEFAULT_MODEL, load_embeddings
@@ -132,10 +133,11 @@ def _n_rows(text: str):
 
 def _cmd_pack(args) -> int:
     res = packing.optimize(args.k, args.d, steps=args.steps, p=args.p, lr=args.lr, seed=args.seed,
-                           device=args.device, dtype=args.dtype, backend=args.backend,
+                           device=args.device, dtype=args.dtype, backend=args.backend, precision=args.precision,
                            progress=args.progress)
     ratio = "inf" if not np.isfinite(res.eps_over_welch) else f"{res.eps_over_welch:.4f}"
-    print(f"k={res.k} d={res.d} steps={res.steps} p={res.p} lr={res.lr} ({res.seconds:.1f} s, {res.backend})")
+    print(f"k={res.k} d={res.d} steps={res.steps} p={res.p} lr={res.lr} ({res.seconds:.1f} s, {res.backend}, "
+          f"precision {res.precision})")
     print(f"eps*        {res.eps_star:.6f}   (random start {res.eps_star_init:.6f})")
     print(f"welch bound {res.welch:.6f}   eps*/welch {ratio}")
     print(f"mu+2sigma   {res.mu_plus_2sigma:.6f}")
@@ -215,8 +217,9 @@ def _cmd_report(args) -> int:
         raise RuntimeError(f"--device {args.device}: this torch has no CUDA device ({torch.__version__})")
     settings = ReportSettings(n_tokens=args.n_tokens, layers=args.layers, k=args.k, n_null=args.n_null,
                               ccrs=tuple(args.ccr), seed=args.seed, device=args.device, dtype=DTYPE_NAMES[args.dtype],
-                              backend=args.backend, bins=args.bins, n_rows=args.n_rows, zero_rows=args.zero_rows,
-                              batch_size=args.batch_size, text_file=args.text or args.jsonl, jsonl_key=args.jsonl_key)
+                              backend=args.backend, precision=args.precision, bins=args.bins, n_rows=args.n_rows,
+                              zero_rows=args.zero_rows, batch_size=args.batch_size, text_file=args.text or args.jsonl,
+                              jsonl_key=args.jsonl_key)
     run_report(args.source, args.out, settings, progress=args.progress, command=sys.argv)
     return 0
 
@@ -269,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_pack.add_argument("--k", type=int, required=True, help="number of vectors")
     p_pack.add_argument("--d", type=int, required=True, help="dimension")
     packing_options(p_pack, grid=False)
+    p_pack.add_argument("--precision", choices=PRECISIONS, default="highest",
+                        help="float32 products of the penalty steps (tf32: GPU tensor cores); sweeps use highest")
     p_pack.add_argument("--json", metavar="PATH", help="write the result and loss history")
     p_pack.add_argument("--plot", metavar="PATH", help="write a PNG of the loss curve")
     p_pack.set_defaults(func=_cmd_pack)
@@ -302,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="embedding rows that are all zero: stop with an error (default), or drop and count them")
     p_rep.add_argument("--bins", type=int, default=4096)
     p_rep.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
+    p_rep.add_argument("--precision", choices=PRECISIONS, default="highest",
+                       help="float32 products of the ε and PGA kernels (tf32: GPU tensor cores)")
     p_rep.add_argument("--no-progress", dest="progress", action="store_false")
     p_rep.set_defaults(func=_cmd_report)
 
@@ -357,3 +364,16 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def plot_histogram(stats, path: str, title: str, k_sigma: float = 2.0) -> None:
+    """Deprecated: ``plotting.plot_cosine_histograms([("pairwise cosines", stats)], path, title,
+    k_sigma)``; it will be removed in the next release."""
+    import warnings
+
+    warnings.warn("repcap_fast.cli.plot_histogram is deprecated; use repcap_fast.plotting.plot_cosine_histograms",
+                  DeprecationWarning, stacklevel=2)
+    plotting.plot_cosine_histograms([("pairwise cosines", stats)], path, title, k_sigma)
+
+
+__getattr__ = moved_names(__name__, {"plot_loss": ("repcap_fast.plotting", "plot_loss")})

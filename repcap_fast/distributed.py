@@ -188,7 +188,13 @@ def prepare_on_every_rank(op: str, group, prepare: Callable[..., P], *args, **kw
         prepared, failure = prepare(*args, **kwargs), None
     except Exception as exc:  # noqa: BLE001 - reported on every rank below
         prepared, failure = None, f"{type(exc).__name__}: {exc}"
-    check_same_on_all_ranks(op, {"error": failure, **({} if failure else prepared.signature())}, group)
-    if failure is not None:  # the same error on every rank
-        raise ValueError(f"{op}: {failure}")
+    rank, world = rank_and_world(group)
+    failures: List[Optional[str]] = [None] * world
+    dist.all_gather_object(failures, failure, group=group)
+    failed = [(r, f) for r, f in enumerate(failures) if f is not None]
+    if failed:  # the same error on every rank
+        first, message = failed[0]
+        raise ValueError(f"{op}: the input on rank {first} of {world} is invalid: {message}"
+                         + (f" (and on ranks {[r for r, _ in failed[1:]]})" if len(failed) > 1 else ""))
+    check_same_on_all_ranks(op, prepared.signature(), group)
     return prepared

@@ -19,12 +19,6 @@ LAYOUTS = ("hf", "tl")
 _CHUNK_BYTES = 32 << 20
 
 
-def _as_float_matrix(x, name: str) -> torch.Tensor:
-    x = val.as_matrix(x, name)
-    val.row_norms(x, name)  # NaN/Inf check with the first bad row
-    return x
-
-
 class ReadoutBasis(NamedTuple):
     """The top-k right singular vectors of W_U (d×k, float64, columns orthonormal) and all of
     W_U's singular values (descending, float64)."""
@@ -43,7 +37,7 @@ def readout_basis(W_U, k: int = 100, layout: str = "hf") -> ReadoutBasis:
     Eigenvector signs are fixed so that each basis vector's largest-magnitude entry is positive.
     """
     val.check_choice(layout, "layout", LAYOUTS)
-    W = _as_float_matrix(W_U, "W_U")
+    W = val.finite_matrix(W_U, "W_U")
     if layout == "tl":
         W = W.T
     V, d = W.shape
@@ -200,7 +194,7 @@ def center_and_ccr(H, m: int = 1) -> CCRResult:
     The directions are the top-m right singular vectors of the centered H (eigenvectors of HᵀH
     when d ≤ N, else an SVD; float64); m = 0 only centers.
     """
-    H = _as_float_matrix(H, "H")
+    H = val.finite_matrix(H, "H")
     N, d = H.shape
     if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0:
         raise ValueError(f"ccr must be an int >= 0, got {m!r}")

@@ -21,11 +21,20 @@ import torch
 
 from . import _validation as val
 from . import capacity, distributed
-from ._backends import resolve_backend
+from ._backends import check_precision, resolve_backend
 from ._progress import progress_bar
-from .ops.gram_offdiag_penalty import check_p, gram_offdiag_penalty, gram_offdiag_penalty_block
+from .ops.gram_offdiag_penalty import check_penalty_p, gram_offdiag_penalty, gram_offdiag_penalty_block
 from .ops.pairwise_cosine_stats import pairwise_cosine_stats
-from .sweep_file import CELL_FIELDS, SETTING_KEYS, load_cells, part_file, part_files, read_cells, write_cells
+from .sweep_file import (  # noqa: F401  SWEEP_FORMAT: the format tag of sweep files, also read from here
+    CELL_FIELDS,
+    SETTING_KEYS,
+    SWEEP_FORMAT,
+    load_cells,
+    part_file,
+    part_files,
+    read_cells,
+    write_cells,
+)
 
 _PROGRESS_FLOPS = 2e11  # show a progress bar above about this much work (a few CPU seconds)
 
@@ -68,6 +77,7 @@ class PackingResult:
     loss_final: float
     loss_history: List[float] = field(repr=False, default_factory=list)
     seconds: float = float("nan")
+    precision: str = "highest"
 
     @property
     def eps_over_welch(self) -> float:
@@ -102,6 +112,7 @@ def optimize(
     device="cpu",
     dtype=torch.float32,
     backend: str = "auto",
+    precision: str = "highest",
     progress: Optional[bool] = None,
     group=None,
 ) -> PackingResult:
@@ -111,7 +122,9 @@ def optimize(
     on the CPU, so the start does not depend on the device) and row-normalized; the loss is
     computed on the row-normalized vectors every step and the raw parameters are never
     projected back. Defaults follow the paper: lr = ``default_lr(d)``, p = ``default_p(k, d)``.
-    k ≤ d is allowed: the optimum is then exact orthogonality (ε* → 0).
+    k ≤ d is allowed: the optimum is then exact orthogonality (ε* → 0). precision: the float32
+    Gram products of the penalty steps ("highest", or "tf32" on GPU tensor cores); ε* and the
+    statistics of the result are always measured at "highest".
 
     Returns ε* = max|ĝ| after the last step, μ + 2σ of the final off-diagonal ĝ, ε* of the
     random start, the Welch lower bound for (k, d), the loss of every step (``loss_history[s]``
@@ -127,7 +140,7 @@ def optimize(
     """
     group = distributed.resolve_group(group)
     run = distributed.prepare_on_every_rank("optimize", group, _check_run, k, d, steps, p, lr, seed, device, dtype,
-                                            backend)
+                                            backend, precision)
     if group is not None:
         return _optimize_across_ranks(run, progress, group)
     X = _initial_vectors(run.k, run.d, run.seed).to(device=run.device, dtype=run.dtype).requires_grad_(True)
@@ -139,7 +152,8 @@ def optimize(
                       work=4.0 * run.k * run.k * run.d * run.steps, auto_above=_PROGRESS_FLOPS) as bar:
         for step in range(run.steps):
             opt.zero_grad(set_to_none=True)
-            loss = gram_offdiag_penalty(X, run.p, normalize=True, reduction="sum", backend=run.backend)
+            loss = gram_offdiag_penalty(X, run.p, normalize=True, reduction="sum", backend=run.backend,
+                                        precision=run.precision)
             loss.backward()
             opt.step()
             losses[step] = loss.detach()
@@ -160,20 +174,21 @@ class _Run:
     device: torch.device
     dtype: torch.dtype
     backend: str
+    precision: str
 
     def signature(self) -> dict:
         return {"k": self.k, "d": self.d, "steps": self.steps, "p": self.p, "lr": self.lr, "seed": self.seed,
-                "dtype": str(self.dtype), "backend": self.backend}
+                "dtype": str(self.dtype), "backend": self.backend, "precision": self.precision}
 
 
-def _check_run(k, d, steps, p, lr, seed, device, dtype, backend) -> _Run:
+def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision) -> _Run:
     k = val.check_int(k, "k", 2)
     d = val.check_int(d, "d", 1)
     device = torch.device(device)
     backend = resolve_backend(backend, device, "gram_offdiag_penalty")
-    return _Run(k, d, val.check_int(steps, "steps", 1), default_p(k, d) if p is None else check_p(p, backend),
+    return _Run(k, d, val.check_int(steps, "steps", 1), default_p(k, d) if p is None else check_penalty_p(p, backend),
                 default_lr(d) if lr is None else val.check_positive_float(lr, "lr"), val.check_int(seed, "seed", 0),
-                device, val.check_dtype(dtype), backend)
+                device, val.check_dtype(dtype), backend, check_precision(precision))
 
 
 def _initial_vectors(k: int, d: int, seed: int) -> torch.Tensor:
@@ -189,6 +204,7 @@ def _packing_result(run: _Run, eps_init, X, history, start) -> PackingResult:
     return PackingResult(
         k=run.k, d=run.d, steps=run.steps, p=run.p, lr=run.lr, seed=run.seed,
         dtype=str(run.dtype).replace("torch.", ""), device=str(run.device), backend=run.backend,
+        precision=run.precision,
         eps_star=float(eps_star), eps_star_init=float(eps_init), mean=float(mean), std=float(std),
         mu_plus_2sigma=float(mean + 2.0 * std), welch=float(capacity.welch_bound(run.k, run.d)),
         loss_init=float(history[0]), loss_final=float(history[-1]), loss_history=history,
@@ -219,7 +235,7 @@ def _optimize_across_ranks(run: _Run, progress, group) -> PackingResult:
     def block_step(rows: torch.Tensor):
         if not len(own):
             return torch.zeros((), dtype=torch.float64), None
-        return gram_offdiag_penalty_block(rows, own.start, own.stop, run.p, run.backend)
+        return gram_offdiag_penalty_block(rows, own.start, own.stop, run.p, run.backend, run.precision)
 
     start = time.perf_counter()
     with progress_bar(progress if rank == 0 else False, total=run.steps,
@@ -284,7 +300,8 @@ def sweep(
     and skipped, so a killed sweep loses at most the cell in flight. resume=False starts the
     sweep file anew (a file that is not a sweep file is never overwritten). A cell of `out` with
     other settings is an error (use another file). Repeated values in ks or ds run once.
-    `on_cell(record)` is called after each cell is written.
+    `on_cell(record)` is called after each cell is written. The penalty steps run at precision
+    "highest" (sweep files hold comparable cells; `optimize(precision="tf32")` is for single runs).
     Shows the cells done and an ETA. Returns the records in grid order.
 
     Across ranks (a process group given as `group=`, or torchrun's default group): the cells left
@@ -299,7 +316,8 @@ def sweep(
     if not ks or not ds:
         raise ValueError("ks and ds must each name at least one value")
     steps = val.check_int(steps, "steps", 1)
-    p = None if p is None else check_p(p, resolve_backend(backend, torch.device(device), "gram_offdiag_penalty"))
+    if p is not None:
+        p = check_penalty_p(p, resolve_backend(backend, torch.device(device), "gram_offdiag_penalty"))
     lr = None if lr is None else val.check_positive_float(lr, "lr")
     dtype = val.check_dtype(dtype)
     want = {"steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""), "p": p, "lr": lr}

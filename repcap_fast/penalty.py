@@ -5,7 +5,7 @@ functions are also at the top level (``repcap_fast.gram_offdiag_penalty``). Rena
 
 import warnings
 
-from ._validation import check_p  # noqa: F401
+from . import _validation
 from .ops.gram_offdiag_penalty import (  # noqa: F401
     REDUCTIONS,
     GramOffdiagPenaltyFunction,
@@ -14,6 +14,14 @@ from .ops.gram_offdiag_penalty import (  # noqa: F401
     gram_offdiag_penalty_block,
     gram_offdiag_row_stats,
 )
+
+MAX_P = 1 << 30  # the largest p this module's check_p accepted
+
+
+def check_p(p) -> int:
+    """p as an int in [1, MAX_P] (the old contract; the ops check p against their backend's limit)."""
+    return _validation.check_p(p, MAX_P)
+
 
 gram_offdiag_rows = gram_offdiag_row_stats
 rows_loss_and_grad = gram_offdiag_penalty_block

@@ -14,7 +14,7 @@ import torch
 
 from . import distributed
 from ._progress import progress_bar
-from ._validation import check_orthonormal
+from ._validation import check_n_null, check_orthonormal
 from .geometry import (
     LAYOUTS,
     CCRResult,
@@ -54,7 +54,8 @@ def _check_profile(hidden_states_by_layer, W_U, basis, k, layout, ccrs, seed, n_
     for i, H in enumerate(layers):
         if int(H.shape[-1]) != d:
             raise ValueError(f"hidden_states_by_layer[{i}] has d={H.shape[-1]}, layer 0 has d={d}")
-    return _Profile(layers, d, readout_subspace(W_U, basis, k, layout, d), [int(c) for c in ccrs], seed, n_null)
+    return _Profile(layers, d, readout_subspace(W_U, basis, k, layout, d), [int(c) for c in ccrs], seed,
+                    check_n_null(n_null))
 
 
 def pga_profile(

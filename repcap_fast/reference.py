@@ -176,9 +176,7 @@ def pairwise_cosine_distances(H) -> torch.Tensor:
     """Condensed cosine distances 1 − cos(h_i, h_j) for i<j in float64, in the order of
     ``scipy.spatial.distance.pdist(H, "cosine")``. Materializes N(N−1)/2 values: small N and
     tests. Zero rows are an error (their cosine is undefined)."""
-    H = val.as_matrix(H, "H")
-    val.row_norms(H, "H")  # NaN/Inf check with the first bad row
-    return condensed_cosine_distances(H.to(torch.float64), "H")
+    return condensed_cosine_distances(val.finite_matrix(H, "H").to(torch.float64), "H")
 
 
 def average_ranks(x: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,8 @@ import torch
 
 from . import _validation as val
 from . import capacity, plotting
-from ._backends import info
+from ._backends import check_precision, info
+from ._deprecated import moved_names
 from .geometry import readout_basis
 from .models import (
     HiddenStates,
@@ -79,12 +80,12 @@ def _stage(name: str, log) -> float:
 # --- ε --------------------------------------------------------------------------------------------
 
 def epsilon_analysis(matrix: torch.Tensor, *, bins: int = 4096, k_sigma: float = 2.0, backend: str = "auto",
-                     zero_rows: str = "error", progress: bool = True):
+                     zero_rows: str = "error", precision: str = "highest", progress: bool = True):
     """Streamed statistics (kernel 1) and exact moments (Gram identity) of one V×d matrix, with its
-    class and capacity table. zero_rows: "error", or "drop" (counted in the result). Returns
-    (dict, CosineStats)."""
+    class and capacity table. zero_rows: "error", or "drop" (counted in the result); precision: the
+    streamed kernel's (the exact moments are float64). Returns (dict, CosineStats)."""
     t0 = time.perf_counter()
-    stats = pairwise_cosine_stats(matrix, bins=bins, backend=backend, zero_rows=zero_rows,
+    stats = pairwise_cosine_stats(matrix, bins=bins, backend=backend, zero_rows=zero_rows, precision=precision,
                                   progress=None if progress else False)
     t_stream = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -95,7 +96,7 @@ def epsilon_analysis(matrix: torch.Tensor, *, bins: int = 4096, k_sigma: float =
     out = {
         "shape": [int(matrix.shape[0]), d], "rows_used": v, "zero_rows_dropped": stats.dropped_rows_a,
         "dtype": str(matrix.dtype).replace("torch.", ""), "pairs": stats.count,
-        "backend": stats.backend,
+        "backend": stats.backend, "precision": precision,
         "stream": {"mean": stats.mean, "std": stats.std, "epsilon": eps, "min": stats.min, "max": stats.max,
                    "quantiles": {str(q): stats.quantile(q) for q in (0.01, 0.5, 0.9, 0.99, 0.999)}},
         "exact": {"mean": moments.mean, "std": moments.std, "epsilon": moments.epsilon(k_sigma)},
@@ -108,7 +109,8 @@ def epsilon_analysis(matrix: torch.Tensor, *, bins: int = 4096, k_sigma: float =
 
 
 def embedding_vs_unembedding(E: torch.Tensor, U: torch.Tensor, *, bins: int = 4096, k_sigma: float = 2.0,
-                             backend: str = "auto", zero_rows: str = "error", progress: bool = True) -> Dict:
+                             backend: str = "auto", zero_rows: str = "error", precision: str = "highest",
+                             progress: bool = True) -> Dict:
     """For untied models: cos(E_i, U_i) of each token's own two rows, and all V×V pairs cos(E_i, U_j).
     Tokens with a zero row in E or U have no cosine: an error, or with zero_rows="drop" left out."""
     norms_e, norms_u = val.row_norms(E, "E"), val.row_norms(U, "U")
@@ -119,7 +121,7 @@ def embedding_vs_unembedding(E: torch.Tensor, U: torch.Tensor, *, bins: int = 40
     e = val.unit_rows(E[nonzero], torch.float64, norms_e[nonzero])
     u = val.unit_rows(U[nonzero], torch.float64, norms_u[nonzero])
     same = (e * u).sum(dim=1)
-    cross = pairwise_cosine_stats(E, U, bins=bins, backend=backend, zero_rows=zero_rows,
+    cross = pairwise_cosine_stats(E, U, bins=bins, backend=backend, zero_rows=zero_rows, precision=precision,
                                   progress=None if progress else False)
     return {
         "tokens_left_out": int((~nonzero).sum()),
@@ -185,7 +187,8 @@ class ReportSettings:
     n_tokens, seed: the token sample of the hidden states (`models.hidden_states`); layers: "all",
     an int or a list; k, n_null, ccrs: Subspace PGA; bins, k_sigma: the cosine histogram and
     ε = μ + k_sigma·σ; n_rows, zero_rows: which embedding rows are used (`load_embeddings`,
-    `pairwise_cosine_stats`); device, dtype, batch_size: the model run; backend: the ops' backend.
+    `pairwise_cosine_stats`); device, dtype, batch_size: the model run; backend, precision: the
+    ops' backend and float32 product precision ("highest", or "tf32" on GPU tensor cores).
     text_file: a plain-text (paragraphs) or .jsonl file to sample tokens from (jsonl_key its field);
     None: the bundled corpus, or the texts given to run_report."""
 
@@ -198,6 +201,7 @@ class ReportSettings:
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
     backend: str = "auto"
+    precision: str = "highest"
     bins: int = 4096
     k_sigma: float = 2.0
     n_rows: Union[None, int, str] = None
@@ -208,15 +212,20 @@ class ReportSettings:
 
     def __post_init__(self):
         # Checked before any work; the model-dependent checks (k < d, layers) follow the load.
-        for name in ("n_tokens", "batch_size", "n_null", "bins"):
-            val.check_int(getattr(self, name), name, 1)
-        val.check_int(self.seed, "seed", 0)
+        # Stored normalized: Python ints, a torch.dtype, a str device, tuples.
+        for name in ("n_tokens", "batch_size", "bins"):
+            object.__setattr__(self, name, val.check_int(getattr(self, name), name, 1))
+        object.__setattr__(self, "n_null", val.check_n_null(self.n_null))
+        object.__setattr__(self, "seed", val.check_int(self.seed, "seed", 0))
         val.check_choice(self.zero_rows, "zero_rows", ("error", "drop"))
-        val.check_dtype(self.dtype)
+        check_precision(self.precision)
+        object.__setattr__(self, "dtype", val.check_dtype(self.dtype))
         object.__setattr__(self, "ccrs", tuple(val.check_int(c, "ccrs", 0) for c in self.ccrs))
         object.__setattr__(self, "device", str(self.device))
-        if not isinstance(self.layers, (str, int)):
-            object.__setattr__(self, "layers", tuple(self.layers))
+        if isinstance(self.layers, np.integer):
+            object.__setattr__(self, "layers", int(self.layers))
+        elif not isinstance(self.layers, (str, int)):
+            object.__setattr__(self, "layers", tuple(int(x) if isinstance(x, np.integer) else x for x in self.layers))
         if self.text_file is not None and not os.path.isfile(self.text_file):
             raise FileNotFoundError(f"text_file {self.text_file!r} does not exist")
 
@@ -306,7 +315,8 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
 
         t0 = _stage("ε of the embedding matrix (streamed over all pairs, and exact)", log)
         matrix = emb.input if emb.input is not None else emb.output
-        eps_kw = dict(bins=s.bins, k_sigma=s.k_sigma, backend=s.backend, zero_rows=s.zero_rows, progress=progress)
+        eps_kw = dict(bins=s.bins, k_sigma=s.k_sigma, backend=s.backend, zero_rows=s.zero_rows, precision=s.precision,
+                      progress=progress)
         eps_in, stats_in = epsilon_analysis(matrix, **eps_kw)
         eps_section = {"input": eps_in}
         curves = [("input embedding", stats_in)]
@@ -334,7 +344,8 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
                         f"subspaces", log)
             basis = readout_basis(emb.output, s.k).basis  # once, for the profile and the spectra
             results = pga_profile([states[layer].to(s.device) for layer in states.layers], basis=basis.to(s.device),
-                                  n_null=s.n_null, ccrs=s.ccrs, seed=s.seed, backend=s.backend, progress=progress)
+                                  n_null=s.n_null, ccrs=s.ccrs, seed=s.seed, backend=s.backend, precision=s.precision,
+                                  progress=progress)
             profile = {str(ccr): [{"layer": layer, **{key: _finite(getattr(r, key)) for key in
                                                      ("z", "rho_readout", "null_mean", "null_std")},
                                    "null_rhos": [_finite(x) for x in r.null_rhos], "n_pairs": r.n_pairs,
@@ -502,3 +513,7 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
     plotting.plot_survey(doc["models"], os.path.join(out, "epsilon_vs_d.png"))
     log(f"== wrote {out}/survey.json, survey.md and epsilon_vs_d.png")
     return doc
+
+
+__getattr__ = moved_names(__name__, {name: ("repcap_fast.plotting", name) for name in
+                                     ("plot_cosine_histograms", "plot_pga_profile", "plot_spectral")})

@@ -14,14 +14,8 @@ import torch
 from . import _validation as val
 
 
-def _hidden_states(H) -> torch.Tensor:
-    x = val.as_matrix(H, "H")
-    val.row_norms(x, "H")  # NaN/Inf check with the first bad row
-    return x
-
-
 def _centered64(H, center: bool) -> torch.Tensor:
-    x = _hidden_states(H).to(torch.float64)
+    x = val.finite_matrix(H, "H").to(torch.float64)
     return x - x.mean(dim=0, keepdim=True) if center else x
 
 
@@ -133,7 +127,7 @@ def spectral_metrics(H, basis: Optional[torch.Tensor] = None, m: int = 10) -> Di
     from two SVDs (H as given, and centered) instead of one decomposition per metric. Equal to
     the separate functions up to rounding (isotropy: up to the choice of eigenvectors inside a
     repeated eigenvalue). α-ReQ is NaN when fewer than two eigenvalues are nonzero."""
-    raw = _hidden_states(H).to(torch.float64)
+    raw = val.finite_matrix(H, "H").to(torch.float64)
     centered = raw - raw.mean(dim=0, keepdim=True)
     _, s_raw, vh_raw = torch.linalg.svd(raw, full_matrices=False)
     _, s_c, vh_c = torch.linalg.svd(centered, full_matrices=False)

@@ -171,6 +171,40 @@ def test_old_modules_warn_and_keep_their_names(module, names):
         assert callable(getattr(mod, name)), name
 
 
+def test_old_module_constants_keep_their_values():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from repcap_fast import cosine_stats, penalty
+    assert cosine_stats.PRECISIONS == {"highest": 0, "tf32": 1}  # the codes of csrc/kernel_settings.h
+    assert penalty.MAX_P == 1 << 30 and penalty.check_p(30.0) == 30
+    with pytest.raises(ValueError, match="1073741824"):
+        penalty.check_p((1 << 30) + 1)
+    assert rf.packing.SWEEP_FORMAT == "repcap_fast.packing.sweep/1"
+
+
+@pytest.mark.parametrize("module,name,new", [
+    ("repcap_fast.capacity", "FIT_FORMS", "repcap_fast.fitting"),
+    ("repcap_fast.capacity", "FitResult", "repcap_fast.fitting"),
+    ("repcap_fast.report", "plot_cosine_histograms", "repcap_fast.plotting"),
+    ("repcap_fast.report", "plot_pga_profile", "repcap_fast.plotting"),
+    ("repcap_fast.report", "plot_spectral", "repcap_fast.plotting"),
+    ("repcap_fast.cli", "plot_loss", "repcap_fast.plotting"),
+])
+def test_moved_names_warn_and_are_the_new_objects(module, name, new):
+    with pytest.warns(DeprecationWarning, match=f"use {new}.{name}"):
+        old = getattr(importlib.import_module(module), name)
+    assert old is getattr(importlib.import_module(new), name)
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        _ = importlib.import_module(module).not_a_name
+
+
+def test_cli_plot_histogram_still_writes_the_plot(tmp_path):
+    stats = rf.pairwise_cosine_stats(torch.randn(50, 6), bins=64, progress=False)
+    with pytest.warns(DeprecationWarning, match="plot_cosine_histograms"):
+        rf.cli.plot_histogram(stats, str(tmp_path / "h.png"), "old name")
+    assert (tmp_path / "h.png").stat().st_size > 1000
+
+
 def test_old_function_names_warn_and_give_the_same_values():
     X = torch.randn(30, 5, generator=torch.Generator().manual_seed(0))
     with pytest.warns(DeprecationWarning, match="gram_offdiag_row_stats"):

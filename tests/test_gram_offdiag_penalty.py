@@ -249,6 +249,16 @@ def test_triton_panel_path(monkeypatch, device, backend, dtype, p):
     for normalize in (True, False):
         X = random_x(203, 37, dtype, scale=1.0 if normalize else 0.3)
         assert_close_to_reference(X.to(device), p, normalize, backend)
+    # Row blocks (the diagonal at row_offset > 0, inside a later row and column panel), summing to L.
+    ref_loss, ref_grad = reference64(X, p, True)
+    tol = 1e-10 if dtype == torch.float64 else 2e-5
+    total = 0.0
+    for start, stop in [(0, 70), (70, 71), (71, 203)]:
+        loss, grad = rf.gram_offdiag_penalty_block(X.to(device), start, stop, p, backend=backend)
+        torch.testing.assert_close(grad.cpu().double(), ref_grad[start:stop], rtol=tol,
+                                   atol=tol * float(ref_grad.abs().max()))
+        total += float(loss)
+    assert total == pytest.approx(float(ref_loss), rel=tol)
 
 
 @pytest.mark.parametrize("device,backend", device_backends())
@@ -276,10 +286,15 @@ def test_duplicated_rows_with_huge_p(device, backend):
 @pytest.mark.parametrize("device,backend", device_backends(gpu=("cuda", "triton", "torch")))
 def test_overflowing_gram_is_an_error(device, backend):
     X = torch.full((4, 3), 1e20, device=device)  # x_i·x_j = 3e40 > float32 max
+    v = float(X.double()[0, 0])  # 1e20 rounded to float32
+    with pytest.raises(ValueError, match="overflow"):  # the torch reference (float64) overflows the float32 loss
+        rf.gram_offdiag_penalty(X, 2, normalize=False, backend=backend)
+    with pytest.raises(ValueError, match="overflows torch.float32"):  # entries fit, the loss does not
+        rf.gram_offdiag_penalty(X * 1e-5, 4, normalize=False, backend=backend)
+    X = torch.full((4, 3), 1e160, device=device, dtype=torch.float64)  # x_i·x_j = 3e320 > float64 max
     with pytest.raises(ValueError, match="overflow"):
         rf.gram_offdiag_penalty(X, 2, normalize=False, backend=backend)
-    loss = rf.gram_offdiag_penalty(X.double(), 2, normalize=False, backend=backend)
-    v = float(X.double()[0, 0])  # 1e20 rounded to float32
+    loss = rf.gram_offdiag_penalty(X.new_full((4, 3), v), 2, normalize=False, backend=backend)
     assert float(loss) == pytest.approx(12 * (3 * v * v) ** 2, rel=1e-12)
 
 

@@ -137,11 +137,19 @@ def test_fit_bad_input():
         fitting.fit([(100, 10, 0.3), (200, 10, 0.35)], "full")
 
 
+def test_precision_is_recorded_and_changes_nothing_on_the_cpu():
+    # "tf32" selects GPU tensor cores; the CPU kernel computes float32 products in IEEE float32 either way.
+    highest = packing.optimize(30, 5, steps=20, seed=3)
+    tf32 = packing.optimize(30, 5, steps=20, seed=3, precision="tf32")
+    assert (highest.precision, tf32.precision) == ("highest", "tf32") and tf32.to_dict()["precision"] == "tf32"
+    assert tf32.loss_history == highest.loss_history and tf32.eps_star == highest.eps_star
+
+
 def test_cli_pack_sweep_fit(tmp_path, capsys):
-    assert cli(["pack", "--k", "40", "--d", "6", "--steps", "20", "--json", str(tmp_path / "p.json"),
-                "--plot", str(tmp_path / "p.png")]) == 0
+    assert cli(["pack", "--k", "40", "--d", "6", "--steps", "20", "--precision", "tf32", "--json",
+                str(tmp_path / "p.json"), "--plot", str(tmp_path / "p.png")]) == 0
     result = json.loads((tmp_path / "p.json").read_text())["result"]
-    assert result["k"] == 40 and len(result["loss_history"]) == 20
+    assert result["k"] == 40 and len(result["loss_history"]) == 20 and result["precision"] == "tf32"
     out = str(tmp_path / "s.csv")
     assert cli(["sweep", "--ks", "20:40:10", "--ds", "4,6", "--steps", "15", "--out", out, "--no-progress"]) == 0
     assert len(packing.load_cells(out)) == 6
@@ -178,6 +186,7 @@ X_OK = torch.randn(10, 4)
     (lambda: packing.optimize(4, 2, steps=1, p=0), "p must be an integer in"),
     (lambda: packing.optimize(4, 2, steps=1, lr=float("nan")), "lr must be finite"),
     (lambda: packing.optimize(4, 2, steps=1, dtype="int8"), "dtype must be one of"),
+    (lambda: packing.optimize(4, 2, steps=1, precision="fp16"), "precision must be one of"),
 ])
 def test_bad_input_names_the_argument(call, match):
     with pytest.raises((ValueError, TypeError), match=match):

@@ -242,6 +242,14 @@ def test_report_settings_are_checked_and_the_keyword_form_is_deprecated(tmp_path
         ReportSettings(zero_rows="skip")
     with pytest.raises(FileNotFoundError, match="text_file"):
         ReportSettings(text_file=str(tmp_path / "missing.txt"))
+    with pytest.raises(ValueError, match="n_null must be an int >= 2"):
+        ReportSettings(n_null=1)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        ReportSettings(precision="fp16")
+    normalized = ReportSettings(dtype="bfloat16", layers=np.array([0, 3]), n_tokens=np.int64(64))
+    assert normalized.dtype is torch.bfloat16 and normalized.layers == (0, 3) and type(normalized.n_tokens) is int
+    assert all(type(x) is int for x in normalized.layers)
+    assert json.loads(json.dumps(normalized.to_dict()))["dtype"] == "bfloat16"
     src = tmp_path / "emb.npy"
     np.save(src, np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32))
     with pytest.warns(DeprecationWarning, match="ReportSettings"):

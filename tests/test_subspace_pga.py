@@ -126,6 +126,7 @@ W_OK = torch.randn(50, 8)
     (lambda: pga.subspace_pga(H_OK, W_OK, k=8), "k < d"),
     (lambda: pga.subspace_pga(H_OK, W_OK, k=0), "1 <= k"),
     (lambda: pga.subspace_pga(H_OK, W_OK, k=2, n_null=1), "n_null must be"),
+    (lambda: pga.pga_profile([H_OK], W_OK, k=2, n_null=1), "n_null must be"),
     (lambda: pga.subspace_pga(torch.tensor([[float("nan")] * 8] * 5), W_OK, k=2), "NaN/Inf"),
     (lambda: pga.subspace_pga(H_OK, torch.randn(50, 7), k=2), "d=8 matching H"),
     (lambda: pga.subspace_pga(H_OK, torch.randn(50, 8), k=2, layout="tl"), "d×V"),

@@ -7,24 +7,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .._backends import triton_input_precision, triton_interpreting
+# interpreting(): whether the kernels run under the Triton interpreter (TRITON_INTERPRET=1, CPU
+# tensors); input_precision(precision, dtype): tl.dot's input_precision for operands of dtype at the
+# op's precision. Both are defined with the dispatch layer, which decides the same questions.
+from .._backends import triton_input_precision as input_precision
+from .._backends import triton_interpreting as interpreting
 
 __all__ = ["device_guard", "input_precision", "interpreting", "upper_tile_coords"]
-
-
-def interpreting() -> bool:
-    """Whether the kernels run under the Triton interpreter (TRITON_INTERPRET=1, CPU tensors)."""
-    return triton_interpreting()
 
 
 def device_guard(t: torch.Tensor):
     """Launches on t's GPU (a no-op context for CPU tensors under the interpreter)."""
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
-
-
-def input_precision(precision: str, dtype: torch.dtype) -> str:
-    """tl.dot's input_precision for operands of `dtype` at the op's `precision`."""
-    return triton_input_precision(precision, dtype)
 
 
 # Row-major enumeration of tiles bi <= bj of an nb × nb tile grid: row bi starts at

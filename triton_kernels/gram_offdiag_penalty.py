@@ -318,7 +318,7 @@ def _config(kind: str, dtype: torch.dtype, interp: bool, precision: str = "ieee"
     """Tile sizes per kernel. kind: "gram" (forward and panel step 1: BLOCK_M, BLOCK_N, BLOCK_K),
     "fused" (BLOCK_M, BLOCK_N; block_k unused), "gemm" (BLOCK_M, BLOCK_D as block_n, BLOCK_K),
     "merge" (BLOCK_M). GPU tiles: the largest that ptxas fits in registers for sm_90 without
-    spilling (tf32 panel step 1: 28 bytes), per tests/triton_aot_compile_penalty.py --ptxas-info."""
+    spilling (tf32 panel step 1: 28 bytes), per `python tests/triton_aot.py --ptxas-info`."""
     fp64 = dtype == torch.float64
     tf32 = precision == "tf32" and not fp64
     if interp:

@@ -106,6 +106,13 @@ def _config(dtype: torch.dtype, interp: bool):
     return 128, 64, 8, 3
 
 
+def _tile_counts(m: int, n: int, self_pairs: bool, block: int):
+    """(tiles, column tiles) of the block×block tile grid: the tiles bi ≤ bj of the m×m grid
+    for the pairs i<j of a, else all of the m×n grid."""
+    row_tiles, col_tiles = triton.cdiv(m, block), triton.cdiv(n, block)
+    return (row_tiles * (row_tiles + 1) // 2 if self_pairs else row_tiles * col_tiles), col_tiles
+
+
 def _num_programs(n_tiles: int, device: torch.device, interp: bool) -> int:
     if interp:
         return max(1, min(n_tiles, 4))
@@ -134,9 +141,7 @@ def _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, par
     m, d = a.shape
     n = b.shape[0]
     block, block_k, num_warps, num_stages = _config(a.dtype, interp)
-    row_tiles = triton.cdiv(m, block)
-    col_tiles = triton.cdiv(n, block)
-    n_tiles = row_tiles * (row_tiles + 1) // 2 if self_pairs else row_tiles * col_tiles
+    n_tiles, col_tiles = _tile_counts(m, n, self_pairs, block)
     # The same float32 histogram spec as make_histogram_spec in the C++/CUDA epilogue.
     spec_lo, spec_hi = float(torch.tensor(lo, dtype=torch.float32)), float(torch.tensor(hi, dtype=torch.float32))
     bins_per_unit = float(torch.tensor(bins / (spec_hi - spec_lo), dtype=torch.float32))
@@ -171,10 +176,7 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, pre
         b, b_inv_norm = b.contiguous(), b_inv_norm.contiguous()
     m = a.shape[0]
     n = m if self_pairs else b.shape[0]
-    block = _config(a.dtype, interp)[0]
-    row_tiles, col_tiles = triton.cdiv(m, block), triton.cdiv(n, block)
-    programs = _num_programs(row_tiles * (row_tiles + 1) // 2 if self_pairs else row_tiles * col_tiles, a.device,
-                             interp)
+    programs = _num_programs(_tile_counts(m, n, self_pairs, _config(a.dtype, interp)[0])[0], a.device, interp)
     partials = _partials(programs, bins, a.device)
     with device_guard(a):
         _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp)

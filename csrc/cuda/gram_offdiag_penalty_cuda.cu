@@ -40,10 +40,10 @@ struct SumOp {
 //   g_rc ← sign(g_rc)·min(|g_rc|/m_new, 1)^(p-1)          (0 on the diagonal).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    gram_offdiag_penalty_rows_kernel(T* __restrict__ g, int64_t ld, int64_t cols, int64_t row0,
-                                     int64_t col0, int32_t p, T* __restrict__ row_max,
-                                     double* __restrict__ row_sum, T* __restrict__ beta,
-                                     bool write_weights) {
+    gram_offdiag_penalty_epilogue_kernel(T* __restrict__ g, int64_t ld, int64_t cols, int64_t row0,
+                                         int64_t col0, int32_t p, T* __restrict__ row_max,
+                                         double* __restrict__ row_sum, T* __restrict__ beta,
+                                         bool write_weights) {
   __shared__ double shared_sum[kThreads];
   __shared__ T shared_max[kThreads];
   __shared__ T shared_inv_max;
@@ -86,7 +86,7 @@ const char* launch(T* g, int64_t ld, int64_t rows, int64_t cols, int64_t row0, i
                    cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return nullptr;
   if (rows > 0x7fffffffLL) return "gram_offdiag_penalty: too many rows in one panel";
-  gram_offdiag_penalty_rows_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+  gram_offdiag_penalty_epilogue_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
       g, ld, cols, row0, col0, p, row_max, row_sum, beta, write_weights);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);

@@ -87,7 +87,7 @@ def _check_rows(X: torch.Tensor, normalize: bool) -> torch.Tensor:
     return norms
 
 
-def check_p(p, backend: str) -> int:
+def check_penalty_p(p, backend: str) -> int:
     """The exponent p, an integer ≥ 1, at most the kernels' limit on a kernel backend."""
     return val.check_p(p, None if backend == "torch" else kernel_limits().penalty_p)
 
@@ -95,16 +95,17 @@ def check_p(p, backend: str) -> int:
 def _check_inputs(X, p, normalize: bool, backend, precision) -> _Inputs:
     """Validates X (finite; nonzero rows when normalizing), p, normalize, backend and precision,
     and prepares the kernels' operand: x̂ (divided in float64, rounded once) or x, contiguous in
-    the compute dtype."""
+    the compute dtype (float64 for the torch backend, the reference)."""
     X = _check_x(X)
     val.check_bool(normalize, "normalize")
     check_precision(precision)
     name = resolve_backend(backend, X.device, "gram_offdiag_penalty")
-    p = check_p(p, name)
+    p = check_penalty_p(p, name)
     norms = _check_rows(X, normalize)
+    dtype = torch.float64 if name == "torch" else val.compute_dtype(X.dtype)
     if normalize:
-        return _Inputs(val.unit_rows(X.detach(), norms=norms, name="X"), norms, p, name, precision)
-    return _Inputs(X.detach().to(val.compute_dtype(X.dtype)).contiguous(), None, p, name, precision)
+        return _Inputs(val.unit_rows(X.detach(), dtype, norms, "X"), norms, p, name, precision)
+    return _Inputs(X.detach().to(dtype).contiguous(), None, p, name, precision)
 
 
 # -------------------------------------------------------------------------------- dispatch
@@ -175,7 +176,11 @@ class GramOffdiagPenaltyFunction(torch.autograd.Function):
             ctx.save_for_backward(_finish_grad(grad_dir, row_max, x, inputs.norms, inputs.p, scale))
         ctx.x_dtype = X.dtype
         ctx.has_grad = with_grad
-        return loss.to(val.compute_dtype(X.dtype))
+        out = loss.to(val.compute_dtype(X.dtype))
+        if not bool(torch.isfinite(out)):
+            raise ValueError(f"the penalty ({float(loss):.3g}) overflows {out.dtype}; pass float64 X or rescale it "
+                             "(normalize=True cannot overflow)")
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -202,8 +207,8 @@ def gram_offdiag_penalty(X: torch.Tensor, p: int = 8, normalize: bool = True, re
         p: integer ≥ 1 (even or odd; the paper uses p = min(int(m/ln d), 20)).
         normalize: ĝ from the row-normalized X (default), else the raw Gram x_i·x_j.
         reduction: "sum" (Σ over the k(k−1) ordered pairs i≠j) or "mean" (divided by k(k−1)).
-        backend: "auto", "cuda", "triton", "cpu", or "torch" (plain PyTorch on the materialized
-            Gram rows, O(k²) memory).
+        backend: "auto", "cuda", "triton", "cpu", or "torch" (plain PyTorch in float64 on the
+            materialized Gram rows, O(k²) memory).
         precision: "highest" (float32 Gram products in IEEE float32) or "tf32" (GPU tensor
             cores); float64 X always runs in float64.
 
@@ -236,7 +241,7 @@ def gram_offdiag_penalty_block(X: torch.Tensor, row_start: int, row_stop: int, p
     loss = _row_losses(row_max, row_sum, inputs.p).sum()
     grad = _finish_grad(grad_dir, row_max, inputs.x[row_start:row_stop], inputs.norms[row_start:row_stop],
                         inputs.p, 1.0)
-    return loss, grad
+    return loss, grad.to(val.compute_dtype(X.dtype))
 
 
 def gram_offdiag_row_stats(X: torch.Tensor, p: int = 8, normalize: bool = True, backend: str = "auto",
@@ -282,19 +287,17 @@ def _gram_offdiag_penalty_triton(q, x, row_offset, p, with_grad, precision):
 
 @register_kernel("gram_offdiag_penalty", "torch")
 def _gram_offdiag_penalty_torch(q, x, row_offset, p, with_grad, precision):
-    """The same contract in plain PyTorch: the m×k Gram rows g = q xᵀ materialized in x's dtype,
-    the diagonal entries g[r, row_offset + r] masked, r = |g|/m per row."""
-    with cublas_precision(precision, x.device):
-        g = q @ x.T
+    """The same contract in plain PyTorch, in float64 whatever x's dtype (precision does not
+    apply): the m×k Gram rows g = q xᵀ materialized, the diagonal entries g[r, row_offset + r]
+    masked, r = |g|/m per row; row_max and grad_dir rounded to x's dtype."""
+    q64, x64 = q.to(torch.float64), x.to(torch.float64)
+    g = q64 @ x64.T
     rows = torch.arange(q.shape[0], device=x.device)
     g[rows, row_offset + rows] = 0.0
     a = g.abs()
     row_max = a.amax(dim=1)
-    safe = torch.where(row_max > 0, row_max, torch.ones_like(row_max))
-    ratio = a / safe[:, None]
-    row_sum = ratio.to(torch.float64).pow(p).sum(dim=1)
-    if not with_grad:
-        return row_max, row_sum, x.new_empty(0)
-    weights = torch.sign(g) * ratio.pow(p - 1)
-    with cublas_precision(precision, x.device):
-        return row_max, row_sum, weights @ x
+    ratio = a / torch.where(row_max > 0, row_max, torch.ones_like(row_max))[:, None]
+    row_sum = ratio.pow(p).sum(dim=1)
+    grad_dir = (torch.sign(g) * ratio.pow(p - 1)) @ x64 if with_grad else None
+    return (row_max.to(x.dtype), row_sum,
+            grad_dir.to(x.dtype) if with_grad else x.new_empty(0))

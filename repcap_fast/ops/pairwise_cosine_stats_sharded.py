@@ -18,7 +18,7 @@ import torch
 
 from .. import _validation as val
 from .. import distributed
-from .._backends import check_precision, resolve_backend
+from .._backends import check_precision, kernel_limits, resolve_backend
 from .pairwise_cosine_stats import CosineStats, merge_partials, pairwise_cosine_stats
 
 
@@ -41,12 +41,13 @@ class _Block:
 
 
 def _check_block(A_local, bins, value_range, zero_rows, backend, precision) -> _Block:
-    bins, lo, hi = val.check_histogram(bins, value_range)
     check_precision(precision)
     val.check_choice(zero_rows, "zero_rows", ("error", "drop"))
     x = torch.as_tensor(A_local)
     if x.dim() != 2:
         raise ValueError(f"A_local must be a 2-D block of rows, got shape {tuple(x.shape)}")
+    name = resolve_backend(backend, x.device, "pairwise_cosine_stats")  # an unknown or unbuilt backend fails here
+    bins, lo, hi = val.check_histogram(bins, value_range, None if name == "torch" else kernel_limits().histogram_bins)
     if x.shape[0] == 0:  # a rank may hold no rows (fewer rows than ranks)
         return _Block(x if x.dtype.is_floating_point else x.to(torch.float32), 0, bins, lo, hi, zero_rows, backend,
                       precision)
@@ -56,7 +57,6 @@ def _check_block(A_local, bins, value_range, zero_rows, backend, precision) -> _
         if zero_rows == "error":
             raise ValueError(f"A_local has {int(zero.sum())} zero-norm rows; pass zero_rows='drop' to drop them")
         x = x[~zero]
-    resolve_backend(backend, x.device, "pairwise_cosine_stats")  # an unknown or unbuilt backend fails here
     return _Block(x, int(zero.sum()), bins, lo, hi, zero_rows, backend, precision)
 
 

@@ -113,13 +113,11 @@ class _Inputs:
 
 
 def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, precision) -> _Inputs:
-    H = val.as_matrix(H, "H")
-    val.row_norms(H, "H")  # NaN/Inf check with the first bad row
+    H = val.finite_matrix(H, "H")
     N, d = H.shape
     if N < 3:
         raise ValueError(f"H needs N >= 3 tokens (rows), got N={N}")
-    if isinstance(n_null, bool) or not isinstance(n_null, (int, np.integer)) or n_null < 2:
-        raise ValueError(f"n_null must be an int >= 2 (the null std needs two), got {n_null!r}")
+    n_null = val.check_n_null(n_null)
     val.check_choice(method, "method", METHODS)
     check_precision(precision)
     if method == "stream":
