@@ -8,7 +8,8 @@ from typing import Callable, Dict, Tuple
 
 def moved_names(module: str, moved: Dict[str, Tuple[str, str]]) -> Callable[[str], object]:
     """A module ``__getattr__`` for `module` that serves each old name in `moved` from its new
-    home (new module, new name), warning once per access; any other name is an AttributeError."""
+    home (new module, new name), with a warning at each access; any other name is an
+    AttributeError."""
 
     def __getattr__(name: str):
         if name not in moved:

@@ -188,7 +188,7 @@ def prepare_on_every_rank(op: str, group, prepare: Callable[..., P], *args, **kw
         prepared, failure = prepare(*args, **kwargs), None
     except Exception as exc:  # noqa: BLE001 - reported on every rank below
         prepared, failure = None, f"{type(exc).__name__}: {exc}"
-    rank, world = rank_and_world(group)
+    _, world = rank_and_world(group)
     failures: List[Optional[str]] = [None] * world
     dist.all_gather_object(failures, failure, group=group)
     failed = [(r, f) for r, f in enumerate(failures) if f is not None]
