@@ -16,9 +16,21 @@ namespace cpu {
 // one parallel region (dynamic schedule), with state = make_state(thread) made once per thread.
 // An exception must not leave an OpenMP construct: each is caught where it is thrown, its thread
 // skips its remaining blocks, and the first message is returned ("" when all went well).
+// With one thread there is no parallel region: a BLAS call in the body then runs at top level on
+// BLAS's own thread pool. Inside a one-thread (inactive) OpenMP region it would start a nested
+// team per call (about 80 us each, measured: 188 us against 26 us for k=80, d=6).
 template <typename MakeState, typename Body>
 std::string for_each_block(int threads, int64_t blocks, MakeState make_state, Body body) {
   using State = decltype(make_state(0));
+  if (threads <= 1) {
+    try {
+      State state = make_state(0);
+      for (int64_t block = 0; block < blocks; ++block) body(0, block, state);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return std::string();
+  }
   std::vector<std::string> errors(static_cast<size_t>(threads));
 #pragma omp parallel num_threads(threads)
   {
