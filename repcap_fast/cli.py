@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -369,8 +370,6 @@ if __name__ == "__main__":
 def plot_histogram(stats, path: str, title: str, k_sigma: float = 2.0) -> None:
     """Deprecated: ``plotting.plot_cosine_histograms([("pairwise cosines", stats)], path, title,
     k_sigma)``; it will be removed in the next release."""
-    import warnings
-
     warnings.warn("repcap_fast.cli.plot_histogram is deprecated; use repcap_fast.plotting.plot_cosine_histograms",
                   DeprecationWarning, stacklevel=2)
     plotting.plot_cosine_histograms([("pairwise cosines", stats)], path, title, k_sigma)
