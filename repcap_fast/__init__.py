@@ -6,8 +6,6 @@ simulation and Subspace PGA on C++ CPU, Triton and CUDA kernels; real models off
 The three ops are in repcap_fast.ops, one module each. See README.md and DESIGN.md.
 """
 
-import warnings as _warnings
-
 from . import (
     _ops,  # noqa: F401  loads repcap_fast._C (the ops) and registers their fake kernels
     capacity,
@@ -18,6 +16,7 @@ from . import (
     report,
 )
 from ._backends import info
+from ._deprecated import moved_names
 from ._version import __version__
 from .models import hidden_states, load_embeddings
 from .ops.gram_offdiag_penalty import (
@@ -30,12 +29,8 @@ from .ops.pairwise_cosine_stats import CosineMoments, CosineStats, cosine_moment
 from .ops.pairwise_cosine_stats_sharded import pairwise_cosine_stats_sharded
 from .ops.subspace_pga import PGAResult, subspace_pga
 
-
-def gram_offdiag_rows(*args, **kwargs):
-    """Deprecated alias of ``gram_offdiag_row_stats``; it will be removed in the next release."""
-    _warnings.warn("repcap_fast.gram_offdiag_rows is deprecated; use repcap_fast.gram_offdiag_row_stats",
-                   DeprecationWarning, stacklevel=2)
-    return gram_offdiag_row_stats(*args, **kwargs)
+# Renamed: gram_offdiag_rows -> gram_offdiag_row_stats (deprecated, removed in the next release).
+__getattr__ = moved_names(__name__, {"gram_offdiag_rows": ("repcap_fast", "gram_offdiag_row_stats")})
 
 
 __all__ = [

@@ -30,7 +30,7 @@ from ._version import __version__
 BACKENDS = ("cuda", "triton", "cpu", "torch")
 BACKEND_ENV = "REPCAP_BACKEND"
 OPS = ("pairwise_cosine_stats", "gram_offdiag_penalty", "subspace_pga")
-AUTO_ORDER = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpu", "torch")}
+AUTO_ORDER = {"cuda": ("cuda", "triton"), "cpu": ("cpu",)}  # then "torch", the reference, when none is built
 # precision: how float32 dot products are formed, in every op. "highest": IEEE float32 products
 # and sums; "tf32": float32 inputs rounded to TF32 on GPU tensor cores (10-bit mantissa). 16-bit
 # inputs always use exact products with float32 sums, float64 inputs float64; the CPU has no TF32.
@@ -94,7 +94,13 @@ def triton_interpreting() -> bool:
 
 
 def build_info() -> dict:
-    """repcap_fast._C.build_info(), or {} when the compiled module is not built."""
+    """repcap_fast._C.build_info() (read once: the module cannot change in a process), or {} when
+    the compiled module is not built."""
+    return dict(_compiled_build_info())
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_build_info() -> dict:
     module, _ = _compiled()
     return module.build_info() if module is not None else {}
 
@@ -160,7 +166,8 @@ def cublas_precision(precision: str, device: torch.device) -> Iterator[None]:
 
 def triton_input_precision(precision: str, dtype: torch.dtype) -> str:
     """tl.dot's input_precision for float32 operands at `precision` ("ieee" or "tf32"); 16-bit
-    and float64 operands keep Triton's default ("tf32", which does not apply to them)."""
+    operands get "tf32" (Triton's default, which does not apply to them), float64 operands
+    "ieee"."""
     if dtype != torch.float32:
         return "tf32" if dtype in (torch.float16, torch.bfloat16) else "ieee"
     return "ieee" if check_precision(precision) == "highest" else "tf32"
@@ -229,7 +236,7 @@ def resolve_backend(backend: Optional[str], device: torch.device, op: str, use_e
         raise ValueError(f"{source} must be one of {('auto',) + BACKENDS}, got {requested!r}")
     if requested == "auto":
         for name in AUTO_ORDER.get(device.type, ()):
-            if name != "torch" and name in KERNELS[op] and _unavailable_reason(name, device) is None:
+            if name in KERNELS[op] and _unavailable_reason(name, device) is None:
                 return name
         module, err = _compiled()
         if module is None:
@@ -241,10 +248,15 @@ def resolve_backend(backend: Optional[str], device: torch.device, op: str, use_e
     return requested
 
 
+def launcher(op: str, backend: str) -> Callable:
+    """The launcher of `op` for a backend that resolve_backend has already picked."""
+    return KERNELS[op][backend]
+
+
 def dispatch(op: str, backend: Optional[str], device: torch.device) -> Tuple[str, Callable]:
     """(the backend's name, its launcher) for `op` on `device` (see resolve_backend)."""
     name = resolve_backend(backend, device, op)
-    return name, KERNELS[op][name]
+    return name, launcher(op, name)
 
 
 def info() -> dict:

@@ -243,3 +243,14 @@ def check_orthonormal(basis: torch.Tensor, name: str = "basis", tol: Optional[fl
     if not dev <= tol:
         raise ValueError(f"{name} is not orthonormal: max |BᵀB − I| = {dev:.3g} > {tol:g}")
     return basis
+
+
+def check_basis(basis, d: int, name: str = "basis") -> torch.Tensor:
+    """A d×k basis of H's space (d rows; finite; orthonormal columns) as float64."""
+    if not isinstance(basis, torch.Tensor) or basis.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D (d×k) tensor")
+    if basis.shape[0] != d:
+        raise ValueError(f"{name} has d={basis.shape[0]} rows but H has d={d}")
+    if not bool(torch.isfinite(basis).all()):
+        raise ValueError(f"{name} contains NaN/Inf")
+    return check_orthonormal(basis, name).to(torch.float64)

@@ -13,11 +13,8 @@ overflows, and the plain forms return inf where float64 overflows.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
-from . import fitting
 from ._deprecated import moved_names
 
 JL_C_PROVEN = 8.0
@@ -187,13 +184,5 @@ def capacity_table(d: int, eps: float, vocab: int | None = None) -> dict:
     return out
 
 
-def fit(*args, **kwargs) -> fitting.FitResult:
-    """Deprecated alias of ``repcap_fast.fitting.fit`` (the fit lives apart from the formulas);
-    it will be removed in the next release."""
-    warnings.warn("repcap_fast.capacity.fit is deprecated; use repcap_fast.fitting.fit", DeprecationWarning,
-                  stacklevel=2)
-    return fitting.fit(*args, **kwargs)
-
-
-__getattr__ = moved_names(__name__, {"FIT_FORMS": ("repcap_fast.fitting", "FIT_FORMS"),
-                                     "FitResult": ("repcap_fast.fitting", "FitResult")})
+# The fit lives apart from the formulas (repcap_fast.fitting); its old names here are deprecated.
+__getattr__ = moved_names(__name__, {name: ("repcap_fast.fitting", name) for name in ("fit", "FIT_FORMS", "FitResult")})

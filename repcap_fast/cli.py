@@ -363,10 +363,6 @@ def main(argv=None) -> int:
         return 2
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def plot_histogram(stats, path: str, title: str, k_sigma: float = 2.0) -> None:
     """Deprecated: ``plotting.plot_cosine_histograms([("pairwise cosines", stats)], path, title,
     k_sigma)``; it will be removed in the next release."""
@@ -376,3 +372,7 @@ def plot_histogram(stats, path: str, title: str, k_sigma: float = 2.0) -> None:
 
 
 __getattr__ = moved_names(__name__, {"plot_loss": ("repcap_fast.plotting", "plot_loss")})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -77,17 +77,36 @@ def tensor_digest(x: Optional[torch.Tensor]) -> Optional[str]:
     return h.hexdigest()[:16]
 
 
-def check_same_on_all_ranks(op: str, signature: Dict[str, Any], group) -> None:
-    """Raises the same ValueError on every rank when the ranks' signatures differ (shapes, seeds,
-    settings, input digests), naming each field that differs and its value per rank."""
-    _, world = rank_and_world(group)
-    gathered: List[Optional[Dict[str, Any]]] = [None] * world
-    dist.all_gather_object(gathered, signature, group=group)
-    diffs = [f"{key}: " + ", ".join(f"rank {r} {sig.get(key)!r}" for r, sig in enumerate(gathered))
-             for key in signature if any(sig.get(key) != gathered[0].get(key) for sig in gathered)]
+def _gather(value: Any, group) -> List[Any]:
+    """Every rank's `value`, in rank order (a picklable object)."""
+    gathered: List[Any] = [None] * rank_and_world(group)[1]
+    dist.all_gather_object(gathered, value, group=group)
+    return gathered
+
+
+def _first_failure(statuses: Sequence[Optional[str]]) -> Optional[Tuple[str, str]]:
+    """("rank r of W", "<its error> (and on ranks [...])") for the first rank whose status is an
+    error, or None when no rank failed."""
+    failed = [(r, s) for r, s in enumerate(statuses) if s is not None]
+    if not failed:
+        return None
+    first_rank, first = failed[0]
+    return (f"rank {first_rank} of {len(statuses)}",
+            first + (f" (and on ranks {[r for r, _ in failed[1:]]})" if len(failed) > 1 else ""))
+
+
+def _raise_if_different(op: str, signatures: Sequence[Dict[str, Any]]) -> None:
+    diffs = [f"{key}: " + ", ".join(f"rank {r} {sig.get(key)!r}" for r, sig in enumerate(signatures))
+             for key in signatures[0] if any(sig.get(key) != signatures[0].get(key) for sig in signatures)]
     if diffs:
         raise ValueError(f"{op}: the ranks were given different inputs or settings; every rank must pass the "
                          f"same ones ({'; '.join(diffs)})")
+
+
+def check_same_on_all_ranks(op: str, signature: Dict[str, Any], group) -> None:
+    """Raises the same ValueError on every rank when the ranks' signatures differ (shapes, seeds,
+    settings, input digests), naming each field that differs and its value per rank."""
+    _raise_if_different(op, _gather(signature, group))
 
 
 def assign_units(weights: Sequence[int], world: int) -> List[int]:
@@ -115,7 +134,7 @@ def global_rank(group, group_rank: int) -> int:
     return dist.get_global_rank(group, group_rank) if group is not dist.group.WORLD else group_rank
 
 
-def sum_across_ranks(tensors: Sequence[torch.Tensor], group, device=None) -> List[torch.Tensor]:
+def sum_across_ranks(tensors: Sequence[torch.Tensor], group) -> List[torch.Tensor]:
     """all_reduce(SUM) of each tensor on the group's communication device (`comm_device`);
     returns CPU tensors."""
     where = comm_device(group)
@@ -131,18 +150,13 @@ def run_on_every_rank(op: str, fn, group):
     """fn() on this rank; then every rank learns whether any rank failed, and all raise the same
     RuntimeError naming the rank and its error (a failure on one rank never leaves the others
     waiting in a collective)."""
-    rank, world = rank_and_world(group)
     try:
         result, status = fn(), None
     except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
         result, status = None, f"{type(exc).__name__}: {exc}"
-    statuses: List[Optional[str]] = [None] * world
-    dist.all_gather_object(statuses, status, group=group)
-    failed = [(r, s) for r, s in enumerate(statuses) if s is not None]
-    if failed:
-        first_rank, first = failed[0]
-        raise RuntimeError(f"{op} failed on rank {first_rank} of {world}: {first}"
-                           + (f" (and on ranks {[r for r, _ in failed[1:]]})" if len(failed) > 1 else ""))
+    failure = _first_failure(_gather(status, group))
+    if failure is not None:
+        raise RuntimeError(f"{op} failed on {failure[0]}: {failure[1]}")
     return result
 
 
@@ -188,13 +202,9 @@ def prepare_on_every_rank(op: str, group, prepare: Callable[..., P], *args, **kw
         prepared, failure = prepare(*args, **kwargs), None
     except Exception as exc:  # noqa: BLE001 - reported on every rank below
         prepared, failure = None, f"{type(exc).__name__}: {exc}"
-    _, world = rank_and_world(group)
-    failures: List[Optional[str]] = [None] * world
-    dist.all_gather_object(failures, failure, group=group)
-    failed = [(r, f) for r, f in enumerate(failures) if f is not None]
-    if failed:  # the same error on every rank
-        first, message = failed[0]
-        raise ValueError(f"{op}: the input on rank {first} of {world} is invalid: {message}"
-                         + (f" (and on ranks {[r for r, _ in failed[1:]]})" if len(failed) > 1 else ""))
-    check_same_on_all_ranks(op, prepared.signature(), group)
+    gathered = _gather((failure, None if failure else prepared.signature()), group)  # one collective
+    failed = _first_failure([f for f, _ in gathered])
+    if failed is not None:  # the same error on every rank
+        raise ValueError(f"{op}: the input on {failed[0]} is invalid: {failed[1]}")
+    _raise_if_different(op, [signature for _, signature in gathered])
     return prepared

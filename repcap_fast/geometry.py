@@ -60,19 +60,13 @@ def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str, d:
     if (W_U is None) == (basis is None):
         raise ValueError("pass exactly one of W_U (the unembedding) and basis (a d×k readout basis)")
     if basis is not None:
-        if not isinstance(basis, torch.Tensor) or basis.dim() != 2:
-            raise ValueError("basis must be a 2-D (d×k) tensor")
-        if basis.shape[0] != d:
-            raise ValueError(f"basis has d={basis.shape[0]} rows but H has d={d}")
-        val.check_k(int(basis.shape[1]), d)
-        if not bool(torch.isfinite(basis).all()):
-            raise ValueError("basis contains NaN/Inf")
-        return val.check_orthonormal(basis).to(torch.float64)
+        if isinstance(basis, torch.Tensor) and basis.dim() == 2 and basis.shape[0] == d:
+            val.check_k(int(basis.shape[1]), d)
+        return val.check_basis(basis, d)
     val.check_choice(layout, "layout", LAYOUTS)
     W = W_U.detach() if isinstance(W_U, torch.Tensor) else W_U
     shape = tuple(W.shape)
-    wd = shape[1] if layout == "hf" else shape[0]
-    if len(shape) != 2 or wd != d:
+    if len(shape) != 2 or (shape[1] if layout == "hf" else shape[0]) != d:
         expect = "V×d" if layout == "hf" else "d×V"
         raise ValueError(f"W_U must be {expect} (layout={layout!r}) with d={d} matching H, got shape {shape}")
     return readout_basis(W, k, layout).basis

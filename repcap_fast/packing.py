@@ -95,9 +95,10 @@ class PackingResult:
         return out
 
 
-def _eps_stats(x: torch.Tensor, backend: str, precision: str = "highest"):
-    """(ε* = max|ĝ|, mean, std) of the off-diagonal ĝ_ij (pairs i<j), streamed by kernel 1."""
-    stats = pairwise_cosine_stats(x, bins=1, backend=backend, precision=precision, progress=False)
+def _eps_stats(x: torch.Tensor, backend: str):
+    """(ε* = max|ĝ|, mean, std) of the off-diagonal ĝ_ij (pairs i<j), streamed by kernel 1 at
+    precision "highest" (whatever the steps used)."""
+    stats = pairwise_cosine_stats(x, bins=1, backend=backend, progress=False)
     return max(abs(stats.min), abs(stats.max)), stats.mean, stats.std
 
 
@@ -316,8 +317,9 @@ def sweep(
     if not ks or not ds:
         raise ValueError("ks and ds must each name at least one value")
     steps = val.check_int(steps, "steps", 1)
-    if p is not None:
-        p = check_penalty_p(p, resolve_backend(backend, torch.device(device), "gram_offdiag_penalty"))
+    seed = val.check_int(seed, "seed", 0)
+    name = resolve_backend(backend, torch.device(device), "gram_offdiag_penalty")  # before any file work
+    p = None if p is None else check_penalty_p(p, name)
     lr = None if lr is None else val.check_positive_float(lr, "lr")
     dtype = val.check_dtype(dtype)
     want = {"steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""), "p": p, "lr": lr}

@@ -1,7 +1,9 @@
 """Deprecated: the module of kernel 3 is now ``repcap_fast.ops.gram_offdiag_penalty``; the
 functions are also at the top level (``repcap_fast.gram_offdiag_penalty``). Renamed:
 ``gram_offdiag_rows`` → ``gram_offdiag_row_stats``, ``rows_loss_and_grad`` →
-``gram_offdiag_penalty_block``. This alias will be removed in the next release."""
+``gram_offdiag_penalty_block``. ``GramOffdiagPenaltyFunction`` is the op's autograd function, whose
+``apply`` now takes the validated inputs: call ``gram_offdiag_penalty`` instead. This alias will be
+removed in the next release."""
 
 import warnings
 

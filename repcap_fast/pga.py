@@ -14,7 +14,7 @@ import torch
 
 from . import distributed
 from ._progress import progress_bar
-from ._validation import check_n_null, check_orthonormal
+from ._validation import check_basis, check_n_null, check_orthonormal
 from .geometry import (
     LAYOUTS,
     CCRResult,
@@ -101,16 +101,15 @@ def cross_model_agreement(H_a, H_b, basis_a: torch.Tensor, basis_b: torch.Tensor
     in each model's readout subspace (H_a on basis_a, H_b on basis_b), in the full spaces, and
     in random subspaces of the same dimensions (n_null draws per model, seeded; mean and sample
     std of the ρ's). Both are centered with CCR-`ccr` first."""
+    n_null = check_n_null(n_null)
     xa, _ = center_and_ccr(H_a, ccr)
     xb, _ = center_and_ccr(H_b, ccr)
     if xa.shape[0] != xb.shape[0]:
         raise ValueError(f"H_a and H_b must hold the same tokens: N={xa.shape[0]} vs N={xb.shape[0]}")
     if xa.shape[0] < 3:
         raise ValueError(f"need N >= 3 tokens, got {xa.shape[0]}")
-    ba = readout_subspace(None, basis_a, 1, "hf", xa.shape[1])
-    bb = readout_subspace(None, basis_b, 1, "hf", xb.shape[1])
-    if isinstance(n_null, bool) or not isinstance(n_null, (int, np.integer)) or n_null < 2:
-        raise ValueError(f"n_null must be an int >= 2, got {n_null!r}")
+    ba = check_basis(basis_a, xa.shape[1], "basis_a")
+    bb = check_basis(basis_b, xb.shape[1], "basis_b")
 
     def rho(pa, pb):
         return pearson(average_ranks(condensed_cosine_distances(pa, "H_a")),

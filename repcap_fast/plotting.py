@@ -9,7 +9,10 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red")
+
+def _color(i: int) -> str:
+    """Matplotlib's default color cycle (tab:blue, tab:orange, ...), repeating after ten."""
+    return f"C{i % 10}"
 
 
 @contextlib.contextmanager
@@ -41,7 +44,8 @@ def plot_cosine_histograms(curves: Sequence, path: str, title: str, k_sigma: flo
     histogram's range)."""
     with _figure(path, figsize=(8, 4.5)) as (fig, ax):
         lo, hi = 1.0, -1.0
-        for (label, stats), color in zip(curves, _COLORS):
+        for i, (label, stats) in enumerate(curves):
+            color = _color(i)
             edges = stats.edges.numpy()
             centers = 0.5 * (edges[:-1] + edges[1:])
             density = stats.hist.numpy() / (stats.count * stats.bin_width)
@@ -71,7 +75,8 @@ def plot_pga_profile(profile: Dict, path: str, title: str) -> None:
     null_mean, null_std), with the null band |z| ≤ 2; ρ_readout against the null mean ± 2 sample
     std of the null ρ's."""
     with _figure(path, 1, 2, figsize=(12, 4.5)) as (fig, (ax_z, ax_r)):
-        for (ccr, rows), color in zip(profile.items(), _COLORS):
+        for i, (ccr, rows) in enumerate(profile.items()):
+            color = _color(i)
             layers = [r["layer"] for r in rows]
             ax_z.plot(layers, [_nan(r["z"]) for r in rows], "o-", ms=3, color=color, label=f"CCR-{ccr}")
             mean = np.array([_nan(r["null_mean"]) for r in rows], dtype=float)

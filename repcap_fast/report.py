@@ -296,16 +296,15 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
         elif not can_run:
             skip = why
         keep_layers = None
-        layers = list(s.layers) if isinstance(s.layers, tuple) else s.layers
         if skip is None:
             val.check_k(s.k, emb.d_model)
             n_layers = layer_count(emb.config)
             if n_layers is not None:
-                keep_layers = check_layers(layers, n_layers)
+                keep_layers = check_layers(s.layers, n_layers)
 
         if skip is None:
             t0 = _stage(f"hidden states ({s.n_tokens} tokens, seed {s.seed})", log)
-            states = hidden_states(source, texts=texts, layers=layers, n_tokens=s.n_tokens, batch_size=s.batch_size,
+            states = hidden_states(source, texts=texts, layers=s.layers, n_tokens=s.n_tokens, batch_size=s.batch_size,
                                    dtype=s.dtype, device=s.device, seed=s.seed, text_name=text_name,
                                    progress=progress)
             report["hidden_states"] = states.to_dict()

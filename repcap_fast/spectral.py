@@ -29,11 +29,8 @@ def _check_m(m, x: torch.Tensor) -> int:
     return int(m)
 
 
-def _alignment_from(vh: torch.Tensor, basis: torch.Tensor, m: int) -> torch.Tensor:
-    d = vh.shape[1]
-    if basis.shape[0] != d:
-        raise ValueError(f"basis has d={basis.shape[0]} rows but H has d={d}")
-    b = val.check_orthonormal(basis).to(torch.float64)
+def _alignment_from(vh: torch.Tensor, b: torch.Tensor, m: int) -> torch.Tensor:
+    """‖Bᵀv‖² of the top m right singular vectors, for a checked (`val.check_basis`) basis B."""
     return ((vh[:m] @ b.to(vh.device)) ** 2).sum(dim=1)
 
 
@@ -42,11 +39,10 @@ def direction_alignment(H, basis: torch.Tensor, m: int = 10) -> torch.Tensor:
     the unit direction that lies in span(basis) (1: inside, 0: orthogonal; a random direction
     keeps k/d on average). Returns (m,) float64."""
     x = _centered64(H, True)
-    if basis.shape[0] != x.shape[1]:
-        raise ValueError(f"basis has d={basis.shape[0]} rows but H has d={x.shape[1]}")
+    b = val.check_basis(basis, x.shape[1])
     m = _check_m(m, x)
     _, _, vh = torch.linalg.svd(x, full_matrices=False)
-    return _alignment_from(vh, basis, m)
+    return _alignment_from(vh, b, m)
 
 
 def _rankme_from(s: torch.Tensor, eps: float) -> float:
@@ -126,8 +122,10 @@ def spectral_metrics(H, basis: Optional[torch.Tensor] = None, m: int = 10) -> Di
     (given a readout basis, d×k) `direction_alignment` of the top m principal directions: all
     from two SVDs (H as given, and centered) instead of one decomposition per metric. Equal to
     the separate functions up to rounding (isotropy: up to the choice of eigenvectors inside a
-    repeated eigenvalue). α-ReQ is NaN when fewer than two eigenvalues are nonzero."""
+    repeated eigenvalue). α-ReQ is NaN when fewer than two eigenvalues are nonzero. m is capped at
+    min(N, d) (`direction_alignment` refuses a larger m)."""
     raw = val.finite_matrix(H, "H").to(torch.float64)
+    b = None if basis is None else val.check_basis(basis, raw.shape[1])
     centered = raw - raw.mean(dim=0, keepdim=True)
     _, s_raw, vh_raw = torch.linalg.svd(raw, full_matrices=False)
     _, s_c, vh_c = torch.linalg.svd(centered, full_matrices=False)
@@ -138,6 +136,6 @@ def spectral_metrics(H, basis: Optional[torch.Tensor] = None, m: int = 10) -> Di
     out: Dict[str, object] = {"rankme": _rankme_from(s_raw, 1e-7), "alpha_req": alpha,
                               "isotropy": _isotropy_from(raw, vh_raw.T),
                               "condition_number": _condition_from(s_c, raw.shape)}
-    if basis is not None:
-        out["readout_alignment_top"] = _alignment_from(vh_c, basis, _check_m(min(m, *raw.shape), raw)).cpu()
+    if b is not None:
+        out["readout_alignment_top"] = _alignment_from(vh_c, b, _check_m(min(m, *raw.shape), raw)).cpu()
     return out

@@ -13,12 +13,19 @@ import triton.language as tl
 from .._backends import triton_input_precision as input_precision
 from .._backends import triton_interpreting as interpreting
 
-__all__ = ["device_guard", "input_precision", "interpreting", "upper_tile_coords"]
+__all__ = ["device_guard", "input_precision", "interpreting", "tile_counts", "upper_tile_coords"]
 
 
 def device_guard(t: torch.Tensor):
     """Launches on t's GPU (a no-op context for CPU tensors under the interpreter)."""
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+def tile_counts(m: int, n: int, self_pairs: bool, block: int):
+    """(tiles, column tiles) of the block×block tile grid: the tiles bi ≤ bj of the m×m grid
+    (self_pairs: the pairs i<j, enumerated by upper_tile_coords), else all of the m×n grid."""
+    row_tiles, col_tiles = triton.cdiv(m, block), triton.cdiv(n, block)
+    return (row_tiles * (row_tiles + 1) // 2 if self_pairs else row_tiles * col_tiles), col_tiles
 
 
 # Row-major enumeration of tiles bi <= bj of an nb × nb tile grid: row bi starts at

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .._backends import kernel_limits
-from ._utils import device_guard, input_precision, interpreting, upper_tile_coords
+from ._utils import device_guard, input_precision, interpreting, tile_counts, upper_tile_coords
 
 
 # c_ij = clamp(a_i·b_j · inv‖a_i‖ · inv‖b_j‖, -1, 1) over kept pairs (j > i when SELF_PAIRS);
@@ -106,18 +106,14 @@ def _config(dtype: torch.dtype, interp: bool):
     return 128, 64, 8, 3
 
 
-def _tile_counts(m: int, n: int, self_pairs: bool, block: int):
-    """(tiles, column tiles) of the block×block tile grid: the tiles bi ≤ bj of the m×m grid
-    for the pairs i<j of a, else all of the m×n grid."""
-    row_tiles, col_tiles = triton.cdiv(m, block), triton.cdiv(n, block)
-    return (row_tiles * (row_tiles + 1) // 2 if self_pairs else row_tiles * col_tiles), col_tiles
+def _num_programs(n_tiles: int, slots: int) -> int:
+    """Persistent programs: one per tile, at most `slots` (`_program_slots`)."""
+    return max(1, min(n_tiles, slots))
 
 
-def _num_programs(n_tiles: int, device: torch.device, interp: bool) -> int:
-    if interp:
-        return max(1, min(n_tiles, 4))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(n_tiles, 4 * sms))
+def _program_slots(device: torch.device, interp: bool) -> int:
+    """4 programs per SM on a GPU; 4 under the interpreter."""
+    return 4 if interp else 4 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _partials(programs: int, bins: int, device) -> dict:
@@ -141,7 +137,7 @@ def _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, par
     m, d = a.shape
     n = b.shape[0]
     block, block_k, num_warps, num_stages = _config(a.dtype, interp)
-    n_tiles, col_tiles = _tile_counts(m, n, self_pairs, block)
+    n_tiles, col_tiles = tile_counts(m, n, self_pairs, block)
     # The same float32 histogram spec as make_histogram_spec in the C++/CUDA epilogue.
     spec_lo, spec_hi = float(torch.tensor(lo, dtype=torch.float32)), float(torch.tensor(hi, dtype=torch.float32))
     bins_per_unit = float(torch.tensor(bins / (spec_hi - spec_lo), dtype=torch.float32))
@@ -176,7 +172,8 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, pre
         b, b_inv_norm = b.contiguous(), b_inv_norm.contiguous()
     m = a.shape[0]
     n = m if self_pairs else b.shape[0]
-    programs = _num_programs(_tile_counts(m, n, self_pairs, _config(a.dtype, interp)[0])[0], a.device, interp)
+    n_tiles, _ = tile_counts(m, n, self_pairs, _config(a.dtype, interp)[0])
+    programs = _num_programs(n_tiles, _program_slots(a.device, interp))
     partials = _partials(programs, bins, a.device)
     with device_guard(a):
         _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp)

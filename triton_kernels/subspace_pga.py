@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from .._backends import cublas_precision, kernel_limits
-from ._utils import device_guard, input_precision, interpreting, upper_tile_coords
+from ._utils import device_guard, input_precision, interpreting, tile_counts, upper_tile_coords
 
 _SORT_GROUP_PAIRS = 1 << 22  # rows sorted together hold at most max(n, this) pairs
 _CHECK_CHUNK = 1 << 22  # ref_ranks is checked in chunks of this many pairs (~50 B each)
@@ -245,8 +245,7 @@ def _keys(u: torch.Tensor, out_mode: int, precision: str, twice=None) -> torch.T
     bsz, n_tokens, k = u.shape
     n_pairs = n_tokens * (n_tokens - 1) // 2
     block, block_k, warps, stages = _config(interpreting())
-    nb = triton.cdiv(n_tokens, block)
-    n_tiles = nb * (nb + 1) // 2
+    n_tiles, nb = tile_counts(n_tokens, n_tokens, True, block)
     if out_mode == _OUT_DIST:
         keys = torch.full((bsz, n_pairs), float("nan"), dtype=u.dtype, device=u.device)
     else:

@@ -227,6 +227,11 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if n_tokens < 3:
         raise ValueError(f"n_tokens must be at least 3 (pairs of tokens are compared), got {n_tokens}")
+    ids = None if token_ids is None else torch.as_tensor(token_ids)
+    if ids is not None and (ids.dtype.is_floating_point or ids.dim() not in (1, 2) or ids.numel() == 0):
+        raise ValueError(f"token_ids must be a non-empty 1-D stream or 2-D batch of integer ids, got "
+                         f"{tuple(ids.shape)} {ids.dtype}")
+    batch_ids = ids is not None and ids.dim() == 2
     resolved = resolve_source(source)
     tok, model = _load_hf(resolved, dtype, device)
     text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -234,23 +239,17 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
     keep_layers = check_layers(layers, n_layers)
 
     max_len = getattr(text_cfg, "max_position_embeddings", None)
-    batch_ids = token_ids is not None and torch.as_tensor(token_ids).dim() == 2
-    if batch_ids and max_len and torch.as_tensor(token_ids).shape[1] > max_len:
-        raise ValueError(f"token_ids rows have {torch.as_tensor(token_ids).shape[1]} tokens; the model takes at most "
-                         f"{max_len}")
+    if batch_ids and max_len and ids.shape[1] > max_len:
+        raise ValueError(f"token_ids rows have {ids.shape[1]} tokens; the model takes at most {max_len}")
     if max_len and seq_len > max_len:
         raise ValueError(f"seq_len={seq_len} is longer than the model's maximum of {max_len} positions")
-    prefix, suffix = ([], []) if (token_ids is not None and torch.as_tensor(token_ids).dim() == 2) else _specials(tok)
+    prefix, suffix = ([], []) if batch_ids else _specials(tok)
     content_len = seq_len - len(prefix) - len(suffix)
     if content_len < 1:
         raise ValueError(f"seq_len={seq_len} leaves no room for text between the special tokens {prefix} … {suffix}")
-    if token_ids is not None:
-        ids = torch.as_tensor(token_ids)
-        if ids.dtype.is_floating_point or ids.dim() not in (1, 2) or ids.numel() == 0:
-            raise ValueError(f"token_ids must be a non-empty 1-D stream or 2-D batch of integer ids, got "
-                             f"{tuple(ids.shape)} {ids.dtype}")
+    if ids is not None:
         arr = ids.to(torch.int64).numpy()
-        if ids.dim() == 2:
+        if batch_ids:
             windows_ids = list(arr)
         else:
             windows_ids = [arr[i : i + content_len] for i in range(0, len(arr), content_len)]

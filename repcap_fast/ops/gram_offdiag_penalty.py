@@ -35,8 +35,8 @@ from .. import _validation as val
 from .._backends import (
     check_precision,
     cublas_precision,
-    dispatch,
     kernel_limits,
+    launcher,
     register_kernel,
     resolve_backend,
     triton_kernels,
@@ -59,6 +59,10 @@ class _Inputs:
     p: int
     backend: str
     precision: str
+
+    @property
+    def normalized(self) -> bool:
+        return self.norms is not None
 
 
 def _check_x(X, min_rows: int = 2) -> torch.Tensor:
@@ -111,18 +115,18 @@ def _check_inputs(X, p, normalize: bool, backend, precision) -> _Inputs:
 # -------------------------------------------------------------------------------- dispatch
 
 
-def _gram_offdiag_penalty(inputs: _Inputs, row_start: int, row_stop: int, with_grad: bool, normalized: bool):
+def _gram_offdiag_penalty(inputs: _Inputs, row_start: int, row_stop: int, with_grad: bool):
     """(row_max, row_sum float64, grad_dir) of the rows [row_start, row_stop) from the backend's
     launcher. Unit rows have |ĝ| ≤ 1: a row maximum above 1 is rounding (up to an ulp, more with
     TF32 GEMMs) and is clamped, so m^p stays ≤ 1 for any p."""
     x = inputs.x
-    _, launcher = dispatch("gram_offdiag_penalty", inputs.backend, x.device)
+    run = launcher("gram_offdiag_penalty", inputs.backend)
     q = x if (row_start, row_stop) == (0, x.shape[0]) else x[row_start:row_stop]
-    row_max, row_sum, grad_dir = launcher(q, x, row_start, inputs.p, with_grad, inputs.precision)
-    if not (bool(torch.isfinite(row_sum).all()) and bool(torch.isfinite(row_max).all())):
+    row_max, row_sum, grad_dir = run(q, x, row_start, inputs.p, with_grad, inputs.precision)
+    if not bool(torch.isfinite(row_sum).all() & torch.isfinite(row_max).all()):
         raise ValueError(f"X's Gram entries overflow {x.dtype} (|x_i·x_j| beyond its range); pass float64 X or "
                          "rescale it (normalize=True cannot overflow)")
-    if normalized:
+    if inputs.normalized:
         row_max = row_max.clamp(max=1.0)
     return row_max, row_sum, grad_dir
 
@@ -165,11 +169,11 @@ class GramOffdiagPenaltyFunction(torch.autograd.Function):
     by the incoming gradient in backward."""
 
     @staticmethod
-    def forward(ctx, X, inputs: _Inputs, normalize: bool, reduction: str, with_grad: bool):
+    def forward(ctx, X, inputs: _Inputs, reduction: str, with_grad: bool):
         x = inputs.x
         k = x.shape[0]
         with_grad = with_grad and bool(ctx.needs_input_grad[0])
-        row_max, row_sum, grad_dir = _gram_offdiag_penalty(inputs, 0, k, with_grad, normalize)
+        row_max, row_sum, grad_dir = _gram_offdiag_penalty(inputs, 0, k, with_grad)
         scale = 1.0 / (k * (k - 1)) if reduction == "mean" else 1.0
         loss = _row_losses(row_max, row_sum, inputs.p).sum() * scale
         if with_grad:
@@ -191,7 +195,7 @@ class GramOffdiagPenaltyFunction(torch.autograd.Function):
         (grad,) = ctx.saved_tensors
         g = grad_loss.to(grad.dtype)
         out = grad if bool(g == 1) else grad * g
-        return out.to(ctx.x_dtype), None, None, None, None
+        return out.to(ctx.x_dtype), None, None, None
 
 
 # ------------------------------------------------------------------------ public functions
@@ -212,18 +216,18 @@ def gram_offdiag_penalty(X: torch.Tensor, p: int = 8, normalize: bool = True, re
         precision: "highest" (float32 Gram products in IEEE float32) or "tf32" (GPU tensor
             cores); float64 X always runs in float64.
 
-    Returns a 0-d tensor (float32, or float64 for float64 X); it is inf only when its true value
-    exceeds that range. `L.backward()` gives ∂L/∂X, including the chain rule through the row
-    normalization. Never allocates k×k (except the torch backend); extra memory O(k·d): the
-    normalized X and the gradient. Deterministic on a given backend and machine. Not twice
-    differentiable. The paper's formulation with autograd is
+    Returns a 0-d tensor (float32, or float64 for float64 X); an L beyond that range is a ValueError
+    that says to pass float64 X (never inf). `L.backward()` gives ∂L/∂X, including the chain rule
+    through the row normalization. Never allocates k×k (except the torch backend); extra memory
+    O(k·d): the normalized X and the gradient. Deterministic on a given backend and machine. Not
+    twice differentiable. The paper's formulation with autograd is
     ``repcap_fast.reference.gram_offdiag_penalty_reference``.
     """
     val.check_choice(reduction, "reduction", REDUCTIONS)
     inputs = _check_inputs(X, p, normalize, backend, precision)
     # The gradient is formed in the forward pass, so only when autograd will want it.
     with_grad = torch.is_grad_enabled() and X.requires_grad
-    return GramOffdiagPenaltyFunction.apply(X, inputs, normalize, reduction, with_grad)
+    return GramOffdiagPenaltyFunction.apply(X, inputs, reduction, with_grad)
 
 
 def gram_offdiag_penalty_block(X: torch.Tensor, row_start: int, row_stop: int, p: int, backend: str = "auto",
@@ -237,7 +241,7 @@ def gram_offdiag_penalty_block(X: torch.Tensor, row_start: int, row_stop: int, p
     k = inputs.x.shape[0]
     if not (isinstance(row_start, int) and isinstance(row_stop, int) and 0 <= row_start < row_stop <= k):
         raise ValueError(f"rows must satisfy 0 <= row_start < row_stop <= k = {k}, got [{row_start}, {row_stop})")
-    row_max, row_sum, grad_dir = _gram_offdiag_penalty(inputs, row_start, row_stop, True, True)
+    row_max, row_sum, grad_dir = _gram_offdiag_penalty(inputs, row_start, row_stop, True)
     loss = _row_losses(row_max, row_sum, inputs.p).sum()
     grad = _finish_grad(grad_dir, row_max, inputs.x[row_start:row_stop], inputs.norms[row_start:row_stop],
                         inputs.p, 1.0)
@@ -251,7 +255,7 @@ def gram_offdiag_row_stats(X: torch.Tensor, p: int = 8, normalize: bool = True, 
     L_i is formed from the kernel's scaled sums in log space, so it is exact to float64 range
     even where |ĝ|^p underflows float32."""
     inputs = _check_inputs(X, p, normalize, backend, precision)
-    row_max, row_sum, _ = _gram_offdiag_penalty(inputs, 0, inputs.x.shape[0], False, normalize)
+    row_max, row_sum, _ = _gram_offdiag_penalty(inputs, 0, inputs.x.shape[0], False)
     return row_max.to(torch.float64), _row_losses(row_max, row_sum, inputs.p)
 
 

@@ -27,8 +27,8 @@ from .. import _validation as val
 from .. import distributed
 from .._backends import (
     check_precision,
-    dispatch,
     kernel_limits,
+    launcher,
     precision_code,
     register_kernel,
     resolve_backend,
@@ -227,7 +227,6 @@ class _Inputs:
     backend: str
     precision: str
     zero_rows: str
-    n_rows: object
 
     def signature(self) -> Dict[str, object]:
         b = self.ops.b
@@ -243,7 +242,7 @@ def _check_inputs(A, B, bins, value_range, zero_rows, n_rows, backend, precision
     name = resolve_backend(backend, a.device, "pairwise_cosine_stats")
     max_bins = None if name == "torch" else kernel_limits().histogram_bins
     bins, lo, hi = val.check_histogram(bins, value_range, max_bins)
-    return _Inputs(check_operands(a, B, zero_rows, n_rows), bins, lo, hi, name, precision, zero_rows, n_rows)
+    return _Inputs(check_operands(a, B, zero_rows, n_rows), bins, lo, hi, name, precision, zero_rows)
 
 
 # ------------------------------------------------------------------------- public function
@@ -334,7 +333,8 @@ def kernel_operand(x: torch.Tensor, norms: torch.Tensor, name: str):
     """(operand in a kernel dtype, float32 inverse of the float64 norms). Kernels form dot
     products of the raw rows and scale them in the epilogue; rows with extreme norms (or float64
     values beyond float32) are pre-normalized in float64 first, so float32 cannot overflow."""
-    if float(norms.max()) > 1e15 or float(norms.min()) < 1e-15:
+    smallest, largest = torch.stack(torch.aminmax(norms)).tolist()  # one pass, one synchronization
+    if largest > 1e15 or smallest < 1e-15:
         x = val.unit_rows(x, torch.float32, norms, name)
         norms = val.row_norms(x, name)
     elif x.dtype == torch.float64:
@@ -380,7 +380,7 @@ def _pairwise_cosine_stats(inputs: _Inputs, progress: Optional[bool], group) -> 
     sum is exact), and every rank merges them in the same job order: the single-process result,
     bitwise."""
     ops = inputs.ops
-    name, launcher = dispatch("pairwise_cosine_stats", inputs.backend, ops.a.device)
+    name, run = inputs.backend, launcher("pairwise_cosine_stats", inputs.backend)
     if name == "torch":  # the reference normalizes the raw rows itself, in float64
         a, inv_a, b, inv_b = ops.a, None, ops.b, None
     else:
@@ -415,8 +415,7 @@ def _pairwise_cosine_stats(inputs: _Inputs, progress: Optional[bool], group) -> 
             for u, (ja, ja_inv, jb, jb_inv) in enumerate(work):
                 if weights[u] == 0 or owner[u] != rank:
                     continue
-                mom, cnt, hist = launcher(ja, ja_inv, jb, jb_inv, inputs.bins, inputs.lo, inputs.hi,
-                                           inputs.precision)
+                mom, cnt, hist = run(ja, ja_inv, jb, jb_inv, inputs.bins, inputs.lo, inputs.hi, inputs.precision)
                 moments[u] = mom.cpu()
                 counts[u, :3] = cnt.cpu()
                 counts[u, 3:] = hist.cpu()
@@ -426,7 +425,7 @@ def _pairwise_cosine_stats(inputs: _Inputs, progress: Optional[bool], group) -> 
         run_mine()
     else:
         distributed.run_on_every_rank("pairwise_cosine_stats", run_mine, group)
-        moments, counts = distributed.sum_across_ranks([moments, counts], group, a.device)
+        moments, counts = distributed.sum_across_ranks([moments, counts], group)
     return merge_partials(moments, counts, [w > 0 for w in weights])
 
 

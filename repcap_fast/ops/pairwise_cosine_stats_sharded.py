@@ -24,7 +24,8 @@ from .pairwise_cosine_stats import CosineStats, merge_partials, pairwise_cosine_
 
 @dataclass(frozen=True)
 class _Block:
-    """This rank's validated block of rows (zero rows dropped once) and the settings."""
+    """This rank's validated block of rows (zero rows dropped once) and the settings (the backend
+    resolved)."""
 
     rows: torch.Tensor
     dropped: int
@@ -42,22 +43,18 @@ class _Block:
 
 def _check_block(A_local, bins, value_range, zero_rows, backend, precision) -> _Block:
     check_precision(precision)
-    val.check_choice(zero_rows, "zero_rows", ("error", "drop"))
+    val.check_choice(zero_rows, "zero_rows", ("error", "drop"))  # here too: an empty block is not checked below
     x = torch.as_tensor(A_local)
     if x.dim() != 2:
         raise ValueError(f"A_local must be a 2-D block of rows, got shape {tuple(x.shape)}")
     name = resolve_backend(backend, x.device, "pairwise_cosine_stats")  # an unknown or unbuilt backend fails here
     bins, lo, hi = val.check_histogram(bins, value_range, None if name == "torch" else kernel_limits().histogram_bins)
     if x.shape[0] == 0:  # a rank may hold no rows (fewer rows than ranks)
-        return _Block(x if x.dtype.is_floating_point else x.to(torch.float32), 0, bins, lo, hi, zero_rows, backend,
+        return _Block(x if x.dtype.is_floating_point else x.to(torch.float32), 0, bins, lo, hi, zero_rows, name,
                       precision)
     x = val.as_matrix(x, "A_local")
-    zero = val.row_norms(x, "A_local") == 0
-    if bool(zero.any()):
-        if zero_rows == "error":
-            raise ValueError(f"A_local has {int(zero.sum())} zero-norm rows; pass zero_rows='drop' to drop them")
-        x = x[~zero]
-    return _Block(x, int(zero.sum()), bins, lo, hi, zero_rows, backend, precision)
+    x, _, dropped = val.drop_zero_rows(x, val.row_norms(x, "A_local"), zero_rows, "A_local")
+    return _Block(x, dropped, bins, lo, hi, zero_rows, name, precision)
 
 
 def pairwise_cosine_stats_sharded(
@@ -138,11 +135,11 @@ def pairwise_cosine_stats_sharded(
         distributed.run_on_every_rank(
             "pairwise_cosine_stats_sharded",
             lambda: piece(t, A, other.to(A.device)) if used[t * world + rank] else None, group)
-    moments, counts = distributed.sum_across_ranks([moments, counts], group, A.device)
+    moments, counts = distributed.sum_across_ranks([moments, counts], group)
     raw = merge_partials(moments, counts, used)
     return CosineStats(
         **raw, edges=torch.linspace(block.lo, block.hi, block.bins + 1, dtype=torch.float64),
-        backend=resolve_backend(backend, A.device, "pairwise_cosine_stats"),
+        backend=block.backend,
         shape_a=(sum(rows_of), int(A.shape[1])), dropped_rows_a=sum(info[2] for info in infos),
         settings={"bins": block.bins, "range": [block.lo, block.hi], "zero_rows": zero_rows, "precision": precision,
                   "sharded": f"{world} ranks, ring of row blocks"})

@@ -37,8 +37,8 @@ from .. import distributed
 from .._backends import (
     check_precision,
     cublas_precision,
-    dispatch,
     kernel_limits,
+    launcher,
     register_kernel,
     resolve_backend,
     triton_kernels,
@@ -93,7 +93,8 @@ class PGAResult:
 
 @dataclass(frozen=True)
 class _Inputs:
-    """H validated, centered and CCR'd (float64), the readout basis and the null bases."""
+    """H validated, centered and CCR'd (float64), the readout basis, the null bases and the
+    settings (batch: subspaces per kernel call, None for the memory-sized default)."""
 
     H: torch.Tensor
     x: torch.Tensor
@@ -104,20 +105,24 @@ class _Inputs:
     method: str
     backend: str
     precision: str
+    batch: Optional[int]
 
-    def signature(self) -> Dict[str, object]:
+    def signature(self) -> Dict[str, object]:  # batch may differ across ranks: it changes no result
         return {"H": distributed.tensor_digest(self.H), "readout": distributed.tensor_digest(self.readout),
                 "nulls": distributed.tensor_digest(self.nulls), "k": int(self.readout.shape[1]),
                 "n_null": int(self.nulls.shape[0]), "ccr": self.ccr, "seed": self.seed, "method": self.method,
                 "backend": self.backend, "precision": self.precision}
 
 
-def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, precision) -> _Inputs:
-    H = val.finite_matrix(H, "H")
+def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, precision, batch) -> _Inputs:
+    H = val.as_matrix(H, "H")  # NaN/Inf: center_and_ccr checks
     N, d = H.shape
     if N < 3:
         raise ValueError(f"H needs N >= 3 tokens (rows), got N={N}")
     n_null = val.check_n_null(n_null)
+    seed = val.check_int(seed, "seed", 0)
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1):
+        raise ValueError(f"batch must be an int >= 1 (subspaces per kernel call), got {batch!r}")
     val.check_choice(method, "method", METHODS)
     check_precision(precision)
     if method == "stream":
@@ -138,7 +143,8 @@ def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, 
         raise ValueError(f"H has {int(zero.sum())} zero-norm rows after centering and CCR-{ccr} (an all-constant "
                          "layer, or tokens equal to the mean); their cosine distance is undefined")
     nulls = grassmann_bases(d, int(readout.shape[1]), n_null, seed, device=x.device)
-    return _Inputs(H, x, readout, nulls, int(ccr), int(seed), method, name, precision)
+    return _Inputs(H, x, readout, nulls, int(ccr), seed, method, name, precision,
+                   None if batch is None else int(batch))
 
 
 # ------------------------------------------------------------------------- public function
@@ -191,8 +197,8 @@ def subspace_pga(
     """
     group = distributed.resolve_group(group)
     inputs = distributed.prepare_on_every_rank("subspace_pga", group, _check_inputs, H, W_U, basis, k, n_null, ccr,
-                                               seed, layout, method, backend, precision)
-    rhos = _subspace_pga(inputs, batch, progress, group)
+                                               seed, layout, method, backend, precision, batch)
+    rhos = _subspace_pga(inputs, progress, group)
     rho_readout, null = rhos[0], np.asarray(rhos[1:], dtype=np.float64)
     null_mean, null_std = float(null.mean()), float(null.std(ddof=1))
     z = (rho_readout - null_mean) / null_std if null_std > 0 else float("nan")
@@ -200,7 +206,7 @@ def subspace_pga(
     return PGAResult(
         z=float(z), rho_readout=float(rho_readout), null_rhos=null.tolist(), null_mean=null_mean,
         null_std=null_std, n_pairs=N * (N - 1) // 2, n_tokens=N, d=d, k=int(inputs.readout.shape[1]),
-        n_null=int(n_null), ccr=int(ccr), seed=int(seed), method=method, backend=inputs.backend,
+        n_null=int(inputs.nulls.shape[0]), ccr=inputs.ccr, seed=inputs.seed, method=method, backend=inputs.backend,
         settings={"layout": layout, "readout": "basis" if basis is not None else "W_U", "precision": precision,
                   "ranks": "average (ties)" if method == "exact" else
                   f"histogram CDF: {STREAM_BINS} bins over [0, 2], a bin's pairs share its average rank",
@@ -216,7 +222,7 @@ def _subspace_name(b: int) -> str:
     return "the readout subspace" if b == 0 else f"null subspace {b - 1}"
 
 
-def _subspace_pga(inputs: _Inputs, batch: Optional[int], progress: Optional[bool], group) -> List[float]:
+def _subspace_pga(inputs: _Inputs, progress: Optional[bool], group) -> List[float]:
     """ρ of the readout (first) and every null subspace. With a group, each rank runs a
     contiguous share of the subspaces and the ρ's are summed back into place (exact: each is
     nonzero on one rank)."""
@@ -238,13 +244,11 @@ def _subspace_pga(inputs: _Inputs, batch: Optional[int], progress: Optional[bool
                 return []
             name_of = lambda b: _subspace_name(mine.start + b)  # noqa: E731
             if inputs.method == "stream":
-                size = _STREAM_BATCH if batch is None else _batch_size(batch, "torch", N, share.shape[-1], n_bases,
-                                                                        dtype, x.device)
+                size = _STREAM_BATCH if inputs.batch is None else inputs.batch
                 rhos = _subspace_rhos_stream(xk, share, size, inputs.precision, bar, name_of)
             else:
-                name, launcher = dispatch("subspace_pga", inputs.backend, x.device)
-                size = _batch_size(batch, name, N, share.shape[-1], n_bases, dtype, x.device)
-                rhos = launcher(xk, share, size, inputs.precision, bar, name_of)
+                size = _batch_size(inputs.batch, inputs.backend, N, share.shape[-1], n_bases, dtype, x.device)
+                rhos = launcher("subspace_pga", inputs.backend)(xk, share, size, inputs.precision, bar, name_of)
         for b, r in enumerate(rhos):
             if math.isnan(r):  # a zero projected row, or all distances equal (ρ undefined: NaN)
                 norms = torch.linalg.vector_norm(xk @ share[b].to(dtype), dim=1)
@@ -257,7 +261,7 @@ def _subspace_pga(inputs: _Inputs, batch: Optional[int], progress: Optional[bool
     share = torch.zeros(n_bases, dtype=torch.float64)
     share[mine.start : mine.stop] = torch.tensor(distributed.run_on_every_rank("subspace_pga", run, group),
                                                  dtype=torch.float64)
-    return distributed.sum_across_ranks([share], group, x.device)[0].tolist()
+    return distributed.sum_across_ranks([share], group)[0].tolist()
 
 
 def _memory_budget(device: torch.device) -> int:
@@ -305,11 +309,10 @@ def pga_batch_bytes(backend: str, n_tokens: int, k: int, batch: int, dtype=torch
 
 
 def _batch_size(batch, name: str, n_tokens: int, k: int, n_bases: int, dtype, device) -> int:
-    """Subspaces per kernel call: `batch`, or the most that fit half of the available memory."""
+    """Subspaces per kernel call: `batch` (validated), or the most that fit half of the available
+    memory."""
     if batch is not None:
-        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-            raise ValueError(f"batch must be an int >= 1 (subspaces per kernel call), got {batch!r}")
-        return int(batch)
+        return batch
     if name == "torch":
         return 1
     budget = _memory_budget(device)
