@@ -30,11 +30,24 @@ def sync(device=None) -> None:
 
 
 def timed(fn: Callable, rounds: int = 3, *, device=None, warmup: Optional[Callable] = None, benchmark=None,
-          outputs: Optional[list] = None) -> Dict:
+          outputs: Optional[list] = None, gpu_peak: bool = False) -> Dict:
     """Median and minimum seconds of `rounds` calls of fn (the device synchronized after each),
     after one warm-up call (of `warmup` if given: a smaller call that compiles or loads the same
     kernels; `warmup=False` for none). With a pytest-benchmark fixture the rounds are its own.
-    `outputs`, when given, receives fn's last return value."""
+    `outputs`, when given, receives fn's last return value. gpu_peak: also "peak_extra_bytes",
+    by how much the caching allocator's peak grew over the calls (no extra call for it)."""
+    if gpu_peak:
+        sync()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    row = _timed_rounds(fn, rounds, device, warmup, benchmark, outputs)
+    if gpu_peak:
+        sync()
+        row["peak_extra_bytes"] = torch.cuda.max_memory_allocated() - base
+    return row
+
+
+def _timed_rounds(fn, rounds, device, warmup, benchmark, outputs) -> Dict:
     if warmup is not False:
         (warmup or fn)()
         sync(device)
@@ -57,6 +70,11 @@ def timed(fn: Callable, rounds: int = 3, *, device=None, warmup: Optional[Callab
         times.append(time.perf_counter() - t0)
     times.sort()
     return {"seconds": times[len(times) // 2], "min_seconds": times[0], "rounds": rounds}
+
+
+def mib(nbytes: Optional[int]) -> Optional[float]:
+    """Bytes in MiB (None stays None: a measurement that failed)."""
+    return None if nbytes is None else nbytes / 2**20
 
 
 def gpu_peak_extra(fn: Callable) -> int:

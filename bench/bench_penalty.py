@@ -25,6 +25,7 @@ from _harness import (
     format_table,
     fresh_process_peak,
     gpu_peak_extra,
+    mib,
     ratio,
     sync,
     timed,
@@ -78,17 +79,15 @@ def floor_gemms(X):
 
 
 def time_variant(variant, k, d, device, rounds, benchmark=None):
+    """Seconds per step; on a GPU also the peak extra memory beyond X over the same steps (the
+    caching allocator's peak, cuBLAS workspaces included)."""
     X = make_x(k, d, device).requires_grad_(True)
-    return timed(lambda: step(variant, X), rounds, device=device, benchmark=benchmark)  # warm-up: Triton, cuBLAS
+    return timed(lambda: step(variant, X), rounds, device=device, benchmark=benchmark,  # warm-up: Triton, cuBLAS
+                 gpu_peak=device.startswith("cuda"))
 
 
-def memory_variant(variant, k, d, device):
-    """Peak extra memory of one step beyond X: on the CPU in a fresh process (RSS), on a GPU in
-    this process from the caching allocator's peak (cuBLAS workspaces included), which saves a
-    process start and a second k×d draw per variant on the GPU machine."""
-    if device.startswith("cuda"):
-        X = make_x(k, d, device).requires_grad_(True)
-        return {"peak_extra_bytes": gpu_peak_extra(lambda: step(variant, X))}
+def memory_variant(variant, k, d):
+    """Peak extra memory of one CPU step beyond X, in a fresh process (RSS)."""
     return fresh_process_peak(f"import bench_penalty as b\nX = b.make_x({k}, {d}, 'cpu').requires_grad_(True)\n"
                               f"b.step({variant!r}, X[:257].detach().clone().requires_grad_(True))",
                               f"b.step({variant!r}, X)")
@@ -110,7 +109,8 @@ def run_variant(section, variant, k, d, device, rounds, benchmark=None):
         res = one_step_time_and_memory(variant, k, d)
     else:
         res = time_variant(variant, k, d, device, rounds, benchmark)
-        res.update(memory_variant(variant, k, d, device))
+        if device == "cpu":
+            res.update(memory_variant(variant, k, d))
     res.update(k=k, d=d, p=P, device=device)
     if res.get("peak_extra_bytes") is not None:
         res["peak_extra_over_kd4"] = res["peak_extra_bytes"] / (k * d * 4)
@@ -166,9 +166,9 @@ def teardown_module(module):
         if not RESULTS[section]:
             continue
         k = next(iter(RESULTS[section].values()))["k"]
-        rows = [{"variant": name, **r, "peak_mib": None if r.get("peak_extra_bytes") is None
-                 else r["peak_extra_bytes"] / 2**20} for name, r in RESULTS[section].items()]
-        rows += [{"variant": f"{name} (k={r['k']}, one cold step)", **r, "peak_mib": r["peak_extra_bytes"] / 2**20}
+        rows = [{"variant": name, **r, "peak_mib": mib(r.get("peak_extra_bytes"))}
+                for name, r in RESULTS[section].items()]
+        rows += [{"variant": f"{name} (k={r['k']}, one cold step)", **r, "peak_mib": mib(r["peak_extra_bytes"])}
                  for name, r in (RESULTS["gpu_huge"].items() if section == "gpu" else [])]
         lines = [f"gram_offdiag_penalty, forward + backward, {section}: k={k}, p={P}"]
         lines += format_table([("variant", "variant"), ("seconds", "seconds"), ("peak_mib", "peak extra MiB"),

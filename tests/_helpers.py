@@ -5,15 +5,20 @@ import importlib.util
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 
 import repcap_fast as rf
 from repcap_fast.reference import gram_offdiag_penalty_reference, histogram_bins
 
-HAS_CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def rng(seed):
+    """A seeded numpy generator."""
+    return np.random.default_rng(seed)
 
 
 def cpu_backends(kernels_only: bool = False):

@@ -10,9 +10,7 @@ from scipy.stats import rankdata, spearmanr
 import repcap_fast  # noqa: F401
 from repcap_fast import _C
 
-
-def rng(seed):
-    return np.random.default_rng(seed)
+from _helpers import rng
 
 
 @pytest.mark.parametrize("nb", [1, 2, 3, 7, 64, 1187])
@@ -63,12 +61,11 @@ def test_cosine_from_dot_scales_and_clamps():
 
 
 def test_sortable_keys_order_like_the_floats():
-    C = _C
     r = rng(21)
     vals = np.concatenate([[0.0, 2.0, 1.0, np.nextafter(0, 1), np.nextafter(2, 0), -1.5, -0.25],
                            r.uniform(0, 2, 200), r.standard_normal(50)])
-    for f in (C._sortable_key_f32, C._sortable_key_f64):
-        cast = np.float32 if f is C._sortable_key_f32 else np.float64
+    for f in (_C._sortable_key_f32, _C._sortable_key_f64):
+        cast = np.float32 if f is _C._sortable_key_f32 else np.float64
         v = np.unique(vals.astype(cast))  # strictly increasing
         keys = [f(float(x)) for x in v]
         assert all(a < b for a, b in zip(keys, keys[1:]))
@@ -76,19 +73,17 @@ def test_sortable_keys_order_like_the_floats():
 
 @pytest.mark.parametrize("runs", [[1] * 9, [5], [1, 3, 1, 2, 1, 40, 1], [1000, 1, 17, 256]])
 def test_run_bounds_match_searchsorted(runs):
-    C = _C
     sorted_keys = np.repeat(np.arange(len(runs)) * 7 + 3, runs).astype(np.uint64)
     for t in range(0, len(sorted_keys), max(1, len(sorted_keys) // 97)):
         lo = np.searchsorted(sorted_keys, sorted_keys[t], "left")
         hi = np.searchsorted(sorted_keys, sorted_keys[t], "right")
-        assert C._run_bounds(sorted_keys.tolist(), t) == (lo, hi)
+        assert _C._run_bounds(sorted_keys.tolist(), t) == (lo, hi)
 
 
 @pytest.mark.parametrize("levels", [3, 40, 10**6])
 def test_per_position_rank_pass_matches_scipy(levels):
     """The CUDA kernel's per-position pass (neighbour test, galloping run search, average rank,
     float64 terms), run on the host through the shared header, against scipy.stats.spearmanr."""
-    C = _C
     r = rng(levels)
     n = 3000
     a = r.integers(0, levels, n).astype(np.uint64)  # the subspace's keys, with ties
@@ -96,13 +91,13 @@ def test_per_position_rank_pass_matches_scipy(levels):
     order = np.argsort(a, kind="stable")
     twice_ref = (2 * ref[order]).astype(np.uint32)
     mean = (n + 1) / 2
-    cross, sum_sq, rho = C._rank_correlation_sorted(a[order].tolist(), twice_ref.tolist(),
+    cross, sum_sq, rho = _C._rank_correlation_sorted(a[order].tolist(), twice_ref.tolist(),
                                                     float(((ref - mean) ** 2).sum()))
     ra = rankdata(a)
     assert sum_sq == pytest.approx(((ra - mean) ** 2).sum(), rel=1e-12)
     assert cross == pytest.approx(((ra - mean) * (ref - mean)).sum(), rel=1e-12, abs=1e-6)
     assert rho == pytest.approx(spearmanr(a, ref).statistic, abs=1e-13)
-    assert math.isnan(C._rank_correlation_sorted([5] * 10, list(range(2, 22, 2)), 82.5)[2])  # constant side
+    assert math.isnan(_C._rank_correlation_sorted([5] * 10, list(range(2, 22, 2)), 82.5)[2])  # constant side
 
 
 # --- gram_offdiag_penalty: the elementwise weight and the online rescaling ---------------------------

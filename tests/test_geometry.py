@@ -7,9 +7,7 @@ import torch
 
 from repcap_fast import geometry, pga
 
-
-def rng(seed):
-    return np.random.default_rng(seed)
+from _helpers import rng
 
 
 def test_readout_basis_matches_svd_in_both_layouts():

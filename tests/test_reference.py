@@ -12,9 +12,7 @@ from scipy.stats import ConstantInputWarning, rankdata, spearmanr
 
 from repcap_fast import pga
 
-
-def rng(seed):
-    return np.random.default_rng(seed)
+from _helpers import rng
 
 
 @pytest.mark.parametrize("n", [2, 3, 97, 1000])

@@ -9,11 +9,7 @@ import torch
 
 from repcap_fast import pga
 
-from _helpers import planted
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
+from _helpers import planted, rng
 
 
 def test_direction_alignment_finds_the_planted_subspace():

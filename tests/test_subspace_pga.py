@@ -16,11 +16,7 @@ from repcap_fast._backends import KERNELS
 from repcap_fast._progress import progress_bar
 from repcap_fast.ops import subspace_pga as op
 
-from _helpers import device_backends, gpu_backend_built, planted
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
+from _helpers import device_backends, gpu_backend_built, planted, rng
 
 
 def kernel_rhos(backend, x, bases, batch=4):

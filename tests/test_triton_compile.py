@@ -16,8 +16,7 @@ from _helpers import has_triton_nvidia_backend
 HERE = os.path.dirname(os.path.abspath(__file__))
 pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(not has_triton_nvidia_backend(), reason="triton has no NVIDIA backend here")
-sys.path.insert(0, HERE)
-from triton_aot import MAX_SHARED, PENALTY_KERNELS, VARIANTS, variant_id  # noqa: E402
+from triton_aot import MAX_SHARED, PENALTY_KERNELS, VARIANTS, variant_id  # noqa: E402  (after the skips)
 
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 
@@ -27,7 +26,6 @@ def compiled():
     """{variant id: result}, from WORKERS harness processes run side by side (each variant once)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
     shares = [VARIANTS[i::WORKERS] for i in range(WORKERS)]
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "triton_aot.py")], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

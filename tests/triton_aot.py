@@ -136,11 +136,11 @@ def recorded_launches(module, run) -> list:
 
 def launches_of(v) -> list:
     """Runs the variant's launcher on meta tensors; its recorded launches."""
-    import triton
 
     from repcap_fast.triton_kernels import gram_offdiag_penalty as penalty_module
     from repcap_fast.triton_kernels import pairwise_cosine_stats as cosine_module
     from repcap_fast.triton_kernels import subspace_pga as pga_module
+    from repcap_fast.triton_kernels._utils import tile_counts
 
     dtype = DTYPES[v["dtype"]]
     if v["op"] == "pairwise_cosine_stats":
@@ -150,8 +150,7 @@ def launches_of(v) -> list:
         inv_a = torch.empty(m, dtype=torch.float32, device=META)
         inv_b = None if b is None else torch.empty(n, dtype=torch.float32, device=META)
         block = cosine_module._config(dtype, False)[0]
-        rows, cols = triton.cdiv(m, block), triton.cdiv(n, block)
-        programs = max(1, min(rows * (rows + 1) // 2 if v["self"] else rows * cols, 4 * SMS))
+        programs = cosine_module._num_programs(tile_counts(m, n, v["self"], block)[0], 4 * SMS)
         partials = cosine_module._partials(programs, v["bins"], META)
         return recorded_launches(cosine_module, lambda: cosine_module._launch(
             a, inv_a, b, inv_b, v["bins"], -1.0, 1.0, v["precision"], programs, partials, False))
