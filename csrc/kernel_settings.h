@@ -21,15 +21,14 @@ namespace limits {
 // histogram of `bins` counters, so bins bounds that memory.
 constexpr int64_t kMaxHistogramBins = int64_t{1} << 16;
 
-// subspace_pga_ranks: n = N(N−1)/2 pairs must fit a 32-bit pair index (n < 2^32).
-constexpr int64_t kMaxPgaRankTokens = 92681;
-// subspace_pga_rhos: twice the reference ranks (2n) must fit 32 bits (2n < 2^32).
+// subspace_pga (both ops, every backend): twice the reference ranks of the n = N(N−1)/2 pairs
+// (2n) must fit 32 bits (2n < 2^32), and so do the pair indices. One limit for both ops, so
+// no op accepts (and allocates N(N−1)/2 ranks for) an N that the other refuses.
 constexpr int64_t kMaxPgaTokens = 65536;
 
 // gram_offdiag_penalty: the exponent p (repeated squaring over 31 bits).
 constexpr int64_t kMaxPenaltyP = int64_t{1} << 30;
 
-static_assert(kMaxPgaRankTokens * (kMaxPgaRankTokens - 1) / 2 < (int64_t{1} << 32), "pair index");
 static_assert(kMaxPgaTokens * (kMaxPgaTokens - 1) < (int64_t{1} << 32), "twice the ranks");
 
 }  // namespace limits

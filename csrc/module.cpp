@@ -68,7 +68,6 @@ py::dict build_info() {
                           std::to_string(TORCH_VERSION_PATCH);
   py::dict limits;
   limits["histogram_bins"] = repcap::limits::kMaxHistogramBins;
-  limits["pga_rank_tokens"] = repcap::limits::kMaxPgaRankTokens;
   limits["pga_tokens"] = repcap::limits::kMaxPgaTokens;
   limits["penalty_p"] = repcap::limits::kMaxPenaltyP;
   info["limits"] = limits;

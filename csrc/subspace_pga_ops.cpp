@@ -35,16 +35,15 @@
 
 namespace {
 
-using repcap::limits::kMaxPgaRankTokens;  // N(N−1)/2 < 2^32: pair indices fit uint32
-using repcap::limits::kMaxPgaTokens;      // 2·N(N−1)/2 < 2^32: twice the ranks fit uint32
+using repcap::limits::kMaxPgaTokens;  // 2·N(N−1)/2 < 2^32: twice the ranks (and pair indices) fit uint32
 constexpr int64_t kTileRows = 256;
 
 void check_x(const at::Tensor& x, const char* op) {
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 2 && x.size(1) >= 1, op, ": x must be N×d with N >= 2");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, op,
               ": x must be float32 or float64");
-  TORCH_CHECK(x.size(0) <= kMaxPgaRankTokens, op, ": at most ", kMaxPgaRankTokens,
-              " tokens (pair indices are 32-bit), got ", x.size(0));
+  TORCH_CHECK(x.size(0) <= kMaxPgaTokens, op, ": at most ", kMaxPgaTokens,
+              " tokens (twice the ranks of the N(N−1)/2 pairs are 32-bit), got ", x.size(0));
 }
 
 // The checks of subspace_pga_rhos that do not depend on the device; returns n.
@@ -59,8 +58,6 @@ int64_t check_rhos_inputs(const at::Tensor& x, const at::Tensor& bases, const at
               "subspace_pga_rhos: ref_ranks must be float64 of length N(N−1)/2 = ", n);
   TORCH_CHECK(bases.device() == x.device() && ref_ranks.device() == x.device(),
               "subspace_pga_rhos: x, bases and ref_ranks must be on one device");
-  TORCH_CHECK(n_tokens <= kMaxPgaTokens, "subspace_pga_rhos: at most ", kMaxPgaTokens,
-              " tokens (twice the ranks are carried as 32-bit integers), got ", n_tokens);
   return n;
 }
 

@@ -109,8 +109,7 @@ class KernelLimits(NamedTuple):
     """Limits of the C++, CUDA and Triton kernels, defined once in csrc/kernel_settings.h."""
 
     histogram_bins: int  # pairwise_cosine_stats: bins per histogram
-    pga_rank_tokens: int  # subspace_pga_ranks: N (N(N−1)/2 < 2^32)
-    pga_tokens: int  # subspace_pga: N (twice the ranks < 2^32)
+    pga_tokens: int  # subspace_pga, both ops: N (twice the ranks of the N(N−1)/2 pairs < 2^32)
     penalty_p: int  # gram_offdiag_penalty: the exponent p
 
 

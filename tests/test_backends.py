@@ -96,7 +96,7 @@ def test_cli_json_with_forced_backend(monkeypatch, tmp_path):
 def test_limits_and_precision_codes_come_from_the_compiled_module():
     info = rf._C.build_info()
     assert _backends.kernel_limits()._asdict() == dict(info["limits"]) == rf.info()["limits"]
-    assert info["limits"]["pga_rank_tokens"] * (info["limits"]["pga_rank_tokens"] - 1) // 2 < 2**32
+    assert info["limits"]["pga_tokens"] * (info["limits"]["pga_tokens"] - 1) < 2**32
     assert {p: _backends.precision_code(p) for p in _backends.PRECISIONS} == dict(info["precisions"])
     with pytest.raises(ValueError, match="precision must be one of"):
         _backends.precision_code("medium")
@@ -130,16 +130,24 @@ def test_info_is_json_and_reports_versions():
     assert info["cuda_device"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
 
 
-def test_triton_kernels_live_inside_the_package():
+def test_triton_kernels_live_inside_the_package(monkeypatch):
+    """Our kernels are never installed as a top-level `triton_kernels` package. The checkout's own
+    triton_kernels/ folder is importable from the working directory (python -m pytest puts it on
+    sys.path) whatever the checkout is called, so only the installed locations are searched."""
+    import importlib
+    import importlib.util
+
     import repcap_fast.triton_kernels as tk
 
     assert os.path.dirname(tk.__file__).endswith("triton_kernels")
     assert tk.__name__ == "repcap_fast.triton_kernels"
-    # Our kernels are never installed as a top-level `triton_kernels` package.
-    import importlib.util
-
+    checkout = {os.path.realpath(p) for p in ("", os.getcwd(), os.path.dirname(os.path.dirname(__file__)))}
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.realpath(p or ".") not in checkout])
+    importlib.invalidate_caches()
     spec = importlib.util.find_spec("triton_kernels")
-    assert spec is None or "repcap" not in (spec.origin or "")
+    ours = spec is not None and spec.origin and os.path.exists(os.path.join(os.path.dirname(spec.origin),
+                                                                             "subspace_pga.py"))
+    assert not ours, f"a top-level triton_kernels package of ours is installed at {spec.origin}"
 
 
 def test_cli_info(capsys):

@@ -6,15 +6,14 @@ ranks in float64 (or, for the ranks op, scatters the ranks back to pair order).
 Same contract as the C++ ops torch.ops.repcap_fast.subspace_pga_ranks / subspace_pga_rhos
 (csrc/module.cpp), with the op's precision ("highest" or "tf32") for float32 projections:
     subspace_pga_ranks_triton(x, precision) -> float64[n], the average ranks of the cosine
-        distances (scipy.stats.rankdata, method "average"); ValueError on a zero row;
-        N ≤ the limit pga_rank_tokens (csrc/kernel_settings.h, 92,681)
+        distances (scipy.stats.rankdata, method "average"); ValueError on a zero row
     subspace_pga_rhos_triton(x, bases, ref_ranks, precision) -> float64[B] on the CPU, Spearman's ρ
         per basis (NaN where a projected row is 0 or every distance is equal); ref_ranks must be
-        average ranks (multiples of 1/2 in [1, n] summing to n(n+1)/2: ValueError otherwise);
-        N ≤ the limit pga_tokens (65,536)
+        average ranks (multiples of 1/2 in [1, n] summing to n(n+1)/2: ValueError otherwise)
 with n = N(N−1)/2 and distances 1 − û_i·û_j clamped to [0, 2] (as scipy's pdist); rows are
 normalized by division, so one-hot rows give exact ties. Float64 inputs are computed in float64,
-others in float32. The token limits hold for both (as in the C++ ops).
+others in float32. Both take N ≤ the limit pga_tokens (csrc/kernel_settings.h, 65,536), as the
+C++ ops do.
 
 Keys, per pair and subspace:
 * float32: one int64, (bits(dist) << 32) | low, with low = 2·ref_rank[pair] for ρ (average ranks
@@ -331,7 +330,7 @@ def _check_x(x: torch.Tensor, op: str, max_tokens: int) -> None:
 
 def subspace_pga_ranks_triton(x: torch.Tensor, precision: str = "highest") -> torch.Tensor:
     """float64 average ranks of the condensed cosine distances of x's rows (x: N×d, rows ≠ 0)."""
-    _check_x(x, "subspace_pga_ranks", kernel_limits().pga_rank_tokens)
+    _check_x(x, "subspace_pga_ranks", kernel_limits().pga_tokens)
     u, zero = _unit_rows(_compute(x)[None])
     if bool(zero.any()):
         raise ValueError("subspace_pga_ranks (triton): x has a zero row")
