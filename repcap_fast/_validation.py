@@ -4,6 +4,8 @@ raises a ValueError/TypeError that names the argument and what was expected."""
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -30,6 +32,15 @@ def check_int(value, name: str, minimum: Optional[int] = None, maximum: Optional
                   else f">= {minimum}" if minimum is not None else f"<= {maximum}")
         raise ValueError(f"{name} must be {bounds}, got {value}")
     return value
+
+
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """A seed: an int in [0, 2^63 − 1] (every seed draws its own values: none is reduced modulo
+    anything, so no two seeds alias, and floats such as 1.5 are refused, not truncated)."""
+    return check_int(seed, name, 0, MAX_SEED)
 
 
 def check_n_null(n_null) -> int:
@@ -59,6 +70,25 @@ def check_positive_float(value, name: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be finite and > 0, got {value}")
     return value
+
+
+def check_device(device, name: str = "device") -> torch.device:
+    """A torch.device that exists here: a CUDA device needs a CUDA build of torch with that
+    many GPUs (checked before any work, with the build named in the error)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"{name} {device!r} is not a device (e.g. cpu, cuda, cuda:1): {exc}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} {device!r}: this torch has no CUDA device (torch {torch.__version__}"
+                             f"{', a CPU-only build' if torch.version.cuda is None else ''})")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name} {device!r}: there are {torch.cuda.device_count()} CUDA devices")
+    elif dev.type not in ("cpu", "meta"):
+        if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise ValueError(f"{name} {device!r}: MPS is not available here")
+    return dev
 
 
 def check_dtype(dtype, name: str = "dtype") -> torch.dtype:
@@ -118,16 +148,39 @@ def as_matrix(x, name: str) -> torch.Tensor:
     return x
 
 
-def as_vector(x, name: str) -> torch.Tensor:
-    """A 1-D float64 tensor of finite values (any array-like)."""
-    if isinstance(x, np.ndarray):
-        x = torch.from_numpy(np.ascontiguousarray(x))
-    elif not isinstance(x, torch.Tensor):
-        x = torch.as_tensor(x)
-    x = x.detach().reshape(-1).to(torch.float64)
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN/Inf")
-    return x
+def as_rank_keys(x, name: str) -> torch.Tensor:
+    """A 1-D tensor whose order and ties are exactly those of x's values (any array-like of real
+    numbers), for ranking: nothing is rounded on the way. Tensors keep their dtype and device;
+    numpy arrays and lists keep their values exactly (floats as float64, integers as int64, and
+    integers beyond int64, or mixes of ints and floats, as their dense ranks). NaN is an error."""
+    if isinstance(x, torch.Tensor):
+        keys = x.detach().reshape(-1)
+        if keys.is_complex():
+            raise TypeError(f"{name} must hold real numbers, got {keys.dtype}")
+    else:
+        try:
+            arr = np.asarray(x)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
+        arr = arr.reshape(-1)
+        if arr.dtype.kind in "biu" and arr.dtype != np.uint64 or arr.dtype.kind == "f" and arr.dtype.itemsize <= 8:
+            keys = torch.from_numpy(np.ascontiguousarray(arr if arr.dtype.kind != "u" else arr.astype(np.int64)))
+        elif arr.dtype.kind in "fuO":  # long double, uint64, Python ints beyond int64, mixed: exact comparisons
+            for v in arr.tolist() if arr.dtype.kind == "O" else ():
+                if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                    raise TypeError(f"{name} must hold real numbers, got {type(v).__name__} {v!r}")
+            values = arr.tolist()
+            if any(v != v for v in values):
+                raise ValueError(f"{name} contains NaN")
+            _, dense = np.unique(np.array(values, dtype=object), return_inverse=True)
+            keys = torch.from_numpy(dense.reshape(-1).astype(np.int64))
+        else:
+            raise TypeError(f"{name} must hold real numbers, got numpy {arr.dtype}")
+    if keys.dtype.is_floating_point and bool(torch.isnan(keys).any()):
+        raise ValueError(f"{name} contains NaN (at index {int(torch.nonzero(torch.isnan(keys))[0])})")
+    if keys.dtype == torch.bool:
+        keys = keys.to(torch.int64)
+    return keys
 
 
 def restrict_rows(x: torch.Tensor, n_rows: Optional[int], name: str, arg: str = "n_rows"):
@@ -147,22 +200,37 @@ def finite_matrix(x, name: str) -> torch.Tensor:
     return x
 
 
+def power_of_two_scale(x: torch.Tensor) -> float:
+    """2^e ≈ max|x| (1 for a zero x): dividing by it is exact (no rounding) and brings float64
+    values of any magnitude, 1e-300 or 1e300, near 1, so products and Gram matrices of x/s
+    neither overflow nor underflow. Scale-invariant results (directions, cosines) are unchanged."""
+    largest = float(x.abs().max()) if x.numel() else 0.0
+    if not math.isfinite(largest):
+        raise ValueError("power_of_two_scale: x contains NaN/Inf")
+    return 1.0 if largest == 0.0 else math.ldexp(1.0, math.frexp(largest)[1] - 1)  # ≤ max|x|: representable
+
+
 def row_norms(x: torch.Tensor, name: str) -> torch.Tensor:
-    """Float64 row norms, in row chunks (no float64 copy of all of x); raises on NaN/Inf in x."""
+    """Float64 row norms, in row chunks (no float64 copy of all of x); raises on NaN/Inf in x,
+    naming the count and the first bad row. A float64 row of finite values whose norm exceeds
+    float64's range (about 1.8e308) gets norm inf: it is a valid direction, and `unit_rows`
+    normalizes it exactly."""
     rows = max(1, _NORM_CHUNK_BYTES // (8 * x.shape[1]))
     norms = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
+    finite = torch.empty(x.shape[0], dtype=torch.bool, device=x.device)
     for r0 in range(0, x.shape[0], rows):
         chunk = x[r0 : r0 + rows]
         if x.dtype != torch.float64:
             # Squares of float32/16-bit values neither overflow nor underflow in float64, and a
             # NaN/Inf value makes its row's norm non-finite.
             norms[r0 : r0 + rows] = torch.linalg.vector_norm(chunk, dim=1, dtype=torch.float64)
+            finite[r0 : r0 + rows] = torch.isfinite(norms[r0 : r0 + rows])
             continue
         # ‖x‖ = s·‖x/s‖ with s = max|x|: no overflow or underflow even for extreme float64 rows.
         scale = chunk.abs().amax(dim=1, keepdim=True)
+        finite[r0 : r0 + rows] = torch.isfinite(scale[:, 0])
         safe = torch.where((scale > 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
         norms[r0 : r0 + rows] = torch.linalg.vector_norm(chunk / safe, dim=1) * scale[:, 0]
-    finite = torch.isfinite(norms)
     if not bool(finite.all()):
         n_bad = int((~torch.isfinite(x)).sum())
         first = int(torch.nonzero(~finite)[0])
@@ -173,8 +241,9 @@ def row_norms(x: torch.Tensor, name: str) -> torch.Tensor:
 def unit_rows(x: torch.Tensor, dtype: Optional[torch.dtype] = None, norms: Optional[torch.Tensor] = None,
               name: str = "x") -> torch.Tensor:
     """x̂_i = x_i/‖x_i‖, divided in float64 row chunk by row chunk and rounded once to `dtype`
-    (x's compute dtype by default), so tiny or huge rows (1/‖x‖ beyond float32) come out exact;
-    zero rows stay zero. `norms`: the float64 row norms when already known."""
+    (x's compute dtype by default), so tiny or huge rows (1/‖x‖ beyond float32, or a float64
+    norm beyond float64's range) come out exact; zero rows stay zero. `norms`: the float64 row
+    norms when already known."""
     if norms is None:
         norms = row_norms(x, name)
     dtype = compute_dtype(x.dtype) if dtype is None else dtype
@@ -183,6 +252,11 @@ def unit_rows(x: torch.Tensor, dtype: Optional[torch.dtype] = None, norms: Optio
     rows = max(1, _NORM_CHUNK_BYTES // (8 * x.shape[1]))
     for r0 in range(0, x.shape[0], rows):
         out[r0 : r0 + rows] = x[r0 : r0 + rows].to(torch.float64) / safe[r0 : r0 + rows, None]
+    huge = torch.nonzero(torch.isinf(norms)).flatten()
+    if huge.numel():  # ‖x‖ beyond float64: x/max|x| first (exact for a power of two), then its norm
+        for i in huge.tolist():
+            row = x[i].to(torch.float64) / power_of_two_scale(x[i])
+            out[i] = row / torch.linalg.vector_norm(row)
     return out
 
 
@@ -254,3 +328,58 @@ def check_basis(basis, d: int, name: str = "basis") -> torch.Tensor:
     if not bool(torch.isfinite(basis).all()):
         raise ValueError(f"{name} contains NaN/Inf")
     return check_orthonormal(basis, name).to(torch.float64)
+
+
+def _probe_writable(folder: str, name: str, shown: str) -> None:
+    """Creates and removes a file in `folder`: the one test that also catches read-only mounts
+    and permissions that os.access misjudges (root)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".repcap-write-test-", dir=folder)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as exc:
+        raise ValueError(f"{name} {shown!r}: cannot write in {folder!r} ({exc.strerror or exc})") from None
+
+
+def check_output_file(path, name: str, default_suffix: Optional[str] = None) -> str:
+    """An output file path, checked before any work: its parent folders are created, the folder
+    must be writable, and the path must not be a folder. With `default_suffix` (".png"), a path
+    without a suffix gets it (the name that will really be written). Returns the path."""
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"{name} must be a path, got {type(path).__name__}") from None
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{name} must be a non-empty file path, got {path!r}")
+    if default_suffix and not os.path.splitext(path)[1]:
+        path += default_suffix
+    if os.path.isdir(path) or path.endswith(os.sep):
+        raise ValueError(f"{name} {path!r} is a folder; give a file path")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{name} {path!r}: cannot create its folder {folder!r} ({exc.strerror or exc})") from None
+    _probe_writable(folder, name, path)
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"{name} {path!r} exists and is not writable")
+    return path
+
+
+def check_output_folder(path, name: str) -> str:
+    """An output folder, checked before any work: created (with its parents) and writable; an
+    existing file there is an error. Returns the path."""
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"{name} must be a path, got {type(path).__name__}") from None
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{name} must be a non-empty folder path, got {path!r}")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name} {path!r} is a file; give a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{name} {path!r}: cannot create the folder ({exc.strerror or exc})") from None
+    _probe_writable(path, name, path)
+    return path

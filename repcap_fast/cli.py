@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 import torch
 
+from . import _validation as val
 from . import capacity, distributed, fitting, packing, plotting
 from ._backends import BACKENDS, PRECISIONS, info
 from ._deprecated import moved_names
@@ -33,7 +34,24 @@ def _fmt_k(k: float) -> str:
     return "inf" if not np.isfinite(k) else f"{k:.4g}"
 
 
+def _check_outputs(args, *files) -> None:
+    """The command's output files (--json, --plot), checked and normalized before any work:
+    folders created, writable, not a folder; a --plot without a suffix gets .png (the file
+    written and printed)."""
+    for attr in files:
+        path = getattr(args, attr, None)
+        if path is not None:
+            setattr(args, attr, val.check_output_file(path, f"--{attr}", ".png" if attr == "plot" else None))
+
+
+def _check_device_arg(args) -> None:
+    if getattr(args, "device", None):
+        val.check_device(args.device, "--device")
+
+
 def _cmd_epsilon(args) -> int:
+    _check_outputs(args, "json", "plot")
+    _check_device_arg(args)
     t0 = time.perf_counter()
     emb = load_embeddings(args.source, which=args.which, tensor=args.tensor, n_rows=args.n_rows)
     a = emb.input if args.which == "input" else emb.output
@@ -41,8 +59,6 @@ def _cmd_epsilon(args) -> int:
     if args.dtype:
         a = a.to(DTYPE_NAMES[args.dtype])
     if args.device:
-        if args.device.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError(f"--device {args.device}: this torch has no CUDA device ({torch.__version__})")
         a = a.to(args.device)
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -104,7 +120,6 @@ def _cmd_epsilon(args) -> int:
             "quantiles": {str(q): stats.quantile(q) for q in (0.01, 0.5, 0.9, 0.99, 0.999)},
             "capacity": table,
         }
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=1)
         print(f"wrote       {args.json}")
@@ -116,7 +131,6 @@ def _cmd_epsilon(args) -> int:
 
 
 def _write_json(path: str, payload: dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(payload, f, indent=2)
         f.write("\n")
@@ -133,6 +147,8 @@ def _n_rows(text: str):
 
 
 def _cmd_pack(args) -> int:
+    _check_outputs(args, "json", "plot")
+    _check_device_arg(args)
     res = packing.optimize(args.k, args.d, steps=args.steps, p=args.p, lr=args.lr, seed=args.seed,
                            device=args.device, dtype=args.dtype, backend=args.backend, precision=args.precision,
                            progress=args.progress)
@@ -170,6 +186,7 @@ def _int_list(text: str):
 
 
 def _cmd_sweep(args) -> int:
+    _check_device_arg(args)
     cells = packing.sweep(args.ks, args.ds, args.out, steps=args.steps, p=args.p, lr=args.lr,
                           seed=args.seed, device=args.device, dtype=args.dtype, backend=args.backend,
                           resume=not args.restart, progress=args.progress)
@@ -180,6 +197,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_fit(args) -> int:
+    _check_outputs(args, "json", "plot")
     cells = packing.load_cells(args.results)
     forms = list(fitting.FIT_FORMS) if args.form == "all" else [args.form]
     fits = {}
@@ -191,7 +209,7 @@ def _cmd_fit(args) -> int:
               f"max_err={res.max_error:.4g} (n={len(res.eps)}, excluded {len(res.excluded)})")
         if args.plot:
             root, ext = os.path.splitext(args.plot)
-            path = args.plot if len(forms) == 1 else f"{root}_{form}{ext or '.png'}"
+            path = args.plot if len(forms) == 1 else f"{root}_{form}{ext}"
             res.plot(path)
             print(f"wrote       {path}")
     if args.json:
@@ -214,8 +232,7 @@ def _cmd_report(args) -> int:
         raise ValueError("give --text or --jsonl, not both")
     if args.jsonl and not args.jsonl.endswith(".jsonl"):
         raise ValueError(f"--jsonl {args.jsonl!r}: expected a .jsonl file")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"--device {args.device}: this torch has no CUDA device ({torch.__version__})")
+    _check_device_arg(args)
     settings = ReportSettings(n_tokens=args.n_tokens, layers=args.layers, k=args.k, n_null=args.n_null,
                               ccrs=tuple(args.ccr), seed=args.seed, device=args.device, dtype=DTYPE_NAMES[args.dtype],
                               backend=args.backend, precision=args.precision, bins=args.bins, n_rows=args.n_rows,
@@ -226,6 +243,7 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_survey(args) -> int:
+    _check_device_arg(args)
     run_survey(args.sources, args.out, bins=args.bins, backend=args.backend, device=args.device, n_rows=args.n_rows,
                zero_rows=args.zero_rows, progress=args.progress, command=sys.argv)
     return 0
@@ -234,6 +252,8 @@ def _cmd_survey(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="repcap", description="repcap_fast: representation geometry of LMs")
     parser.add_argument("--version", action="version", version=f"repcap_fast {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (by default: one line, exit code 2)")
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="what was built and which backend each op uses")
     p_info.set_defaults(func=_cmd_info)
@@ -358,9 +378,29 @@ def main(argv=None) -> int:
                 torch.distributed.destroy_process_group()
             return rc
         return args.func(args)
-    except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError, ImportError, NotImplementedError) as exc:
-        print(f"repcap: error: {exc}", file=sys.stderr)
+    except _EXPECTED_ERRORS as exc:
+        if args.debug:
+            raise
+        print(f"repcap: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+
+
+# What a user's input, files or machine can cause: one `repcap: error: …` line and exit code 2
+# (--debug shows the traceback). Anything else is a bug and keeps its traceback.
+_EXPECTED_ERRORS = (ValueError, TypeError, KeyError, OSError, RuntimeError, ImportError, NotImplementedError,
+                    OverflowError)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error's message on one line (KeyError's repr quotes stripped; an OSError names its
+    file)."""
+    if isinstance(exc, KeyError) and len(exc.args) == 1:
+        text = str(exc.args[0])
+    elif isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
 
 
 def plot_histogram(stats, path: str, title: str, k_sigma: float = 2.0) -> None:

@@ -42,16 +42,19 @@ def readout_basis(W_U, k: int = 100, layout: str = "hf") -> ReadoutBasis:
         W = W.T
     V, d = W.shape
     k = val.check_k(k, d)
+    # W/s with s a power of two near max|W| (exact): the Gram of W/s cannot overflow or underflow
+    # whatever W's scale; the singular values are scaled back.
+    scale = val.power_of_two_scale(W)
     gram = torch.zeros(d, d, dtype=torch.float64, device=W.device)
     rows = max(1, _CHUNK_BYTES // (8 * d))
     for r0 in range(0, V, rows):
-        chunk = W[r0 : r0 + rows].to(torch.float64)
+        chunk = W[r0 : r0 + rows].to(torch.float64) / scale
         gram.addmm_(chunk.T, chunk)
     evals, evecs = torch.linalg.eigh(gram)  # ascending
     evals = evals.flip(0).clamp_min(0.0)
     evecs = evecs.flip(1)
     basis = _fix_signs(evecs[:, :k].contiguous())
-    return ReadoutBasis(basis, evals.sqrt())
+    return ReadoutBasis(basis, evals.sqrt() * scale)
 
 
 def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str, d: int) -> torch.Tensor:
@@ -64,7 +67,9 @@ def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str, d:
             val.check_k(int(basis.shape[1]), d)
         return val.check_basis(basis, d)
     val.check_choice(layout, "layout", LAYOUTS)
-    W = W_U.detach() if isinstance(W_U, torch.Tensor) else W_U
+    W = val.as_matrix(W_U, "W_U") if isinstance(W_U, (torch.Tensor, np.ndarray)) and W_U.ndim == 2 else W_U
+    if not isinstance(W, (torch.Tensor, np.ndarray)):
+        raise TypeError(f"W_U must be a torch.Tensor or numpy.ndarray, got {type(W_U).__name__}")
     shape = tuple(W.shape)
     if len(shape) != 2 or (shape[1] if layout == "hf" else shape[0]) != d:
         expect = "V×d" if layout == "hf" else "d×V"
@@ -83,7 +88,7 @@ def _fix_signs(q: torch.Tensor) -> torch.Tensor:
 def _subspace_seed(seed: int, b: int) -> int:
     """The generator seed of basis b of a draw with `seed` (SeedSequence mixing: independent
     streams for every (seed, b))."""
-    return int(np.random.SeedSequence([int(seed) & (2**63 - 1), int(b)]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    return int(np.random.SeedSequence([int(seed), int(b)]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 _DRAWS: contextvars.ContextVar[Optional[Dict[Tuple, torch.Tensor]]] = contextvars.ContextVar(
@@ -113,7 +118,7 @@ def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, 
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
     k = val.check_k(k, int(d))
-    n, d = int(n), int(d)
+    n, d, seed = int(n), int(d), val.check_seed(seed)
     draws = _DRAWS.get()
     key = (d, k, n, int(seed), dtype, str(torch.device(device)))
     if draws is not None and key in draws:
@@ -186,7 +191,9 @@ def center_and_ccr(H, m: int = 1) -> CCRResult:
     """Subtracts the token mean and removes the top m principal components (CCR-m), in float64.
 
     The directions are the top-m right singular vectors of the centered H (eigenvectors of HᵀH
-    when d ≤ N, else an SVD; float64); m = 0 only centers.
+    when d ≤ N, else an SVD; float64); m = 0 only centers. They are found for H/s, s a power of
+    two near max|H| (an exact scaling), so H of any float64 magnitude (1e-200 or 1e200) gives the
+    directions of H; the residual is returned at H's own scale.
     """
     H = val.finite_matrix(H, "H")
     N, d = H.shape
@@ -195,9 +202,11 @@ def center_and_ccr(H, m: int = 1) -> CCRResult:
     if m >= min(N, d):
         raise ValueError(f"ccr must be < min(N, d) = {min(N, d)} (N={N} tokens, d={d}), got {m}")
     x = H.to(torch.float64)
+    scale = val.power_of_two_scale(x)
+    x = x / scale
     x = x - x.mean(dim=0, keepdim=True)
     if m == 0:
-        return CCRResult(x, x.new_zeros(0, d))
+        return CCRResult(x * scale, x.new_zeros(0, d))
     removed = _fix_signs(_top_right_singular_vectors(x, m)).T.contiguous()
     x = x - (x @ removed.T) @ removed
-    return CCRResult(x, removed)
+    return CCRResult(x * scale, removed)

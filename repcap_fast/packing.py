@@ -153,8 +153,7 @@ def optimize(
                       work=4.0 * run.k * run.k * run.d * run.steps, auto_above=_PROGRESS_FLOPS) as bar:
         for step in range(run.steps):
             opt.zero_grad(set_to_none=True)
-            loss = gram_offdiag_penalty(X, run.p, normalize=True, reduction="sum", backend=run.backend,
-                                        precision=run.precision)
+            loss = _step_loss(X, run, step)
             loss.backward()
             opt.step()
             losses[step] = loss.detach()
@@ -185,11 +184,29 @@ class _Run:
 def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision) -> _Run:
     k = val.check_int(k, "k", 2)
     d = val.check_int(d, "d", 1)
-    device = torch.device(device)
+    device = val.check_device(device)
     backend = resolve_backend(backend, device, "gram_offdiag_penalty")
+    dtype = val.check_dtype(dtype)
+    if dtype == torch.float16:
+        raise ValueError("dtype float16 cannot run the packing optimizer: Adam's ε (1e-8) and the squared "
+                         "gradients underflow to 0 in float16, so its first step divides 0 by 0; use float32 "
+                         "(default), bfloat16 or float64")
     return _Run(k, d, val.check_int(steps, "steps", 1), default_p(k, d) if p is None else check_penalty_p(p, backend),
-                default_lr(d) if lr is None else val.check_positive_float(lr, "lr"), val.check_int(seed, "seed", 0),
-                device, val.check_dtype(dtype), backend, check_precision(precision))
+                default_lr(d) if lr is None else val.check_positive_float(lr, "lr"), val.check_seed(seed),
+                device, dtype, backend, check_precision(precision))
+
+
+def _step_loss(X: torch.Tensor, run: _Run, step: int) -> torch.Tensor:
+    """The penalty of one step; vectors that became NaN/Inf are reported as the optimizer's
+    divergence (with the step and the settings), not as a bad input."""
+    try:
+        return gram_offdiag_penalty(X, run.p, normalize=True, reduction="sum", backend=run.backend,
+                                    precision=run.precision)
+    except ValueError as exc:
+        if "NaN/Inf" not in str(exc) or step == 0:
+            raise
+        raise RuntimeError(f"packing diverged at step {step}: the vectors became NaN/Inf ({run.dtype}, lr={run.lr}, "
+                           f"p={run.p}); try a smaller lr or float32/float64") from exc
 
 
 def _initial_vectors(k: int, d: int, seed: int) -> torch.Tensor:
@@ -317,13 +334,15 @@ def sweep(
     if not ks or not ds:
         raise ValueError("ks and ds must each name at least one value")
     steps = val.check_int(steps, "steps", 1)
-    seed = val.check_int(seed, "seed", 0)
-    name = resolve_backend(backend, torch.device(device), "gram_offdiag_penalty")  # before any file work
+    seed = val.check_seed(seed)
+    name = resolve_backend(backend, val.check_device(device), "gram_offdiag_penalty")  # before any file work
     p = None if p is None else check_penalty_p(p, name)
     lr = None if lr is None else val.check_positive_float(lr, "lr")
     dtype = val.check_dtype(dtype)
     want = {"steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""), "p": p, "lr": lr}
-    out = os.fspath(out)
+    if dtype == torch.float16:
+        _check_run(ks[0], ds[0], steps, p, lr, seed, device, dtype, backend, "highest")  # its error
+    out = val.check_output_file(out, "out")  # its folder created and writable before any work
     group = distributed.resolve_group(group)
     rank, world = (0, 1) if group is None else distributed.rank_and_world(group)
     existing = read_cells(out)  # also when not resuming: never overwrite a foreign file

@@ -6,12 +6,14 @@ the subspace geometry (repcap_fast.geometry), the spectral metrics the paper com
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
+from . import _validation as val
 from . import distributed
 from ._progress import progress_bar
 from ._validation import check_basis, check_n_null, check_orthonormal
@@ -25,7 +27,15 @@ from .geometry import (
     readout_subspace,
     reused_draws,
 )
-from .ops.subspace_pga import METHODS, STREAM_BINS, PGAResult, pga_batch_bytes, subspace_pga
+from .ops.subspace_pga import (
+    METHODS,
+    STREAM_BINS,
+    DegenerateInputWarning,
+    PGAResult,
+    check_settings,
+    pga_batch_bytes,
+    subspace_pga,
+)
 from .reference import average_ranks, condensed_cosine_distances, pairwise_cosine_distances, pearson, spearman
 from .spectral import alpha_req, condition_number, direction_alignment, isotropy, rankme, spectral_metrics
 
@@ -35,6 +45,7 @@ class _Profile:
     """pga_profile's validated layers, readout basis and CCR variants."""
 
     layers: List
+    labels: List
     d: int
     readout: torch.Tensor
     ccrs: List[int]
@@ -46,16 +57,44 @@ class _Profile:
                 "ccrs": self.ccrs, "seed": self.seed, "n_null": self.n_null}
 
 
-def _check_profile(hidden_states_by_layer, W_U, basis, k, layout, ccrs, seed, n_null) -> _Profile:
-    layers = list(hidden_states_by_layer)
+def _check_profile(hidden_states_by_layer, W_U, basis, k, layout, ccrs, seed, n_null, method, backend,
+                   precision) -> _Profile:
+    """Every argument of pga_profile checked before the first layer runs: each layer's shape,
+    dtype and values (finite), every CCR variant against every layer, the readout, and the
+    settings."""
+    if isinstance(hidden_states_by_layer, Mapping):  # e.g. repcap_fast.models.hidden_states(...)
+        labels, layers = list(hidden_states_by_layer.keys()), list(hidden_states_by_layer.values())
+    elif isinstance(hidden_states_by_layer, (torch.Tensor, np.ndarray)) and hidden_states_by_layer.ndim == 2:
+        raise TypeError("hidden_states_by_layer must be a sequence (or a mapping) of N×d matrices, one per layer, "
+                        "got one matrix: pass [H] for one layer, or use subspace_pga")
+    else:
+        try:
+            layers = list(hidden_states_by_layer)
+        except TypeError:
+            raise TypeError("hidden_states_by_layer must be a sequence (or a mapping) of N×d matrices, got "
+                            f"{type(hidden_states_by_layer).__name__}") from None
+        labels = list(range(len(layers)))
     if not layers:
         raise ValueError("hidden_states_by_layer is empty")
-    d = int(layers[0].shape[-1])
-    for i, H in enumerate(layers):
-        if int(H.shape[-1]) != d:
-            raise ValueError(f"hidden_states_by_layer[{i}] has d={H.shape[-1]}, layer 0 has d={d}")
-    return _Profile(layers, d, readout_subspace(W_U, basis, k, layout, d), [int(c) for c in ccrs], seed,
-                    check_n_null(n_null))
+    layers = [val.finite_matrix(H, f"hidden_states_by_layer[{label!r}]") for label, H in zip(labels, layers)]
+    d = int(layers[0].shape[1])
+    for label, H in zip(labels, layers):
+        if int(H.shape[1]) != d:
+            raise ValueError(f"hidden_states_by_layer[{label!r}] has d={H.shape[1]}, the first layer has d={d}")
+    if isinstance(ccrs, (int, np.integer)):
+        ccrs = [ccrs]
+    ccrs = list(ccrs)
+    if not ccrs:
+        raise ValueError("ccrs is empty: give at least one CCR variant, e.g. (1,)")
+    if len(set(ccrs)) != len(ccrs):
+        raise ValueError(f"ccrs has duplicates: {tuple(ccrs)}; each CCR variant is computed once")
+    n_null = check_n_null(n_null)
+    for label, H in zip(labels, layers):
+        for c in ccrs:
+            check_settings(int(H.shape[0]), d, H.device, n_null, c, seed, method, backend, precision, None,
+                           name=f"hidden_states_by_layer[{label!r}]")
+    return _Profile(layers, labels, d, readout_subspace(W_U, basis, k, layout, d), [int(c) for c in ccrs],
+                    int(seed), n_null)
 
 
 def pga_profile(
@@ -76,11 +115,15 @@ def pga_profile(
 ) -> Dict[int, List[PGAResult]]:
     """Subspace PGA of every layer, for each CCR variant: {ccr: [PGAResult per layer]}.
 
-    The readout basis and the null subspaces are drawn once (the same seed) and shared by
-    every layer and CCR variant. Shows a progress bar over layers × variants."""
+    hidden_states_by_layer: a sequence of N×d matrices, or a mapping layer → matrix (such as
+    `repcap_fast.models.hidden_states(...)`); each result's settings["layer"] is its index in
+    the sequence or its key. ccrs: distinct CCR variants. Every argument is checked, for every
+    layer and variant, before the first layer runs. The readout basis and the null subspaces
+    are drawn once (the same seed) and shared by every layer and CCR variant. Shows a progress
+    bar over layers × variants."""
     group = distributed.resolve_group(group)
     prof = distributed.prepare_on_every_rank("pga_profile", group, _check_profile, hidden_states_by_layer, W_U, basis,
-                                             k, layout, ccrs, seed, n_null)
+                                             k, layout, ccrs, seed, n_null, method, backend, precision)
     out: Dict[int, List[PGAResult]] = {c: [] for c in prof.ccrs}
     with reused_draws(), progress_bar(progress and distributed.is_main(group), total=len(prof.layers) * len(prof.ccrs),
                                       desc="PGA profile", unit="layer", leave=True) as bar:
@@ -89,8 +132,9 @@ def pga_profile(
                 res = subspace_pga(H, basis=prof.readout, n_null=n_null, ccr=c, seed=seed, layout=layout,
                                    method=method, backend=backend, precision=precision, progress=False, group=group)
                 res.settings["readout"] = "basis" if basis is not None else "W_U"
+                res.settings["layer"] = prof.labels[i]
                 out[c].append(res)
-                bar.set_postfix_str(f"ccr={c} layer={i}")
+                bar.set_postfix_str(f"ccr={c} layer={prof.labels[i]}")
                 bar.update(1)
     return out
 
@@ -130,8 +174,8 @@ def cross_model_agreement(H_a, H_b, basis_a: torch.Tensor, basis_b: torch.Tensor
 
 
 __all__ = [
-    "CCRResult", "LAYOUTS", "METHODS", "PGAResult", "ReadoutBasis", "STREAM_BINS", "alpha_req", "average_ranks",
-    "center_and_ccr", "check_orthonormal", "condition_number", "cross_model_agreement", "direction_alignment",
-    "grassmann_bases", "isotropy", "pairwise_cosine_distances", "pga_batch_bytes", "pga_profile", "rankme",
-    "readout_basis", "spearman", "spectral_metrics", "subspace_pga",
+    "CCRResult", "DegenerateInputWarning", "LAYOUTS", "METHODS", "PGAResult", "ReadoutBasis", "STREAM_BINS",
+    "alpha_req", "average_ranks", "center_and_ccr", "check_orthonormal", "condition_number", "cross_model_agreement",
+    "direction_alignment", "grassmann_bases", "isotropy", "pairwise_cosine_distances", "pga_batch_bytes",
+    "pga_profile", "rankme", "readout_basis", "spearman", "spectral_metrics", "subspace_pga",
 ]

@@ -208,11 +208,14 @@ def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def spearman(x, y) -> float:
     """Spearman's ρ with average ranks for ties: the Pearson correlation of the ranks, in
-    float64. Matches ``scipy.stats.spearmanr(x, y).statistic``. If x or y is constant, ρ is
-    undefined: NaN, with scipy's ``ConstantInputWarning``, as scipy does. NaN in the input is an
-    error (scipy would propagate it)."""
-    x = val.as_vector(x, "x")
-    y = val.as_vector(y, "y")
+    float64. Matches ``scipy.stats.spearmanr(x, y).statistic``. x and y are ranked exactly as
+    given (lists, numpy arrays of any real dtype, tensors; nothing is rounded first, so 1 and
+    1 + 1e-9, or 2**62 and 2**62 + 1, stay distinct, and ±1e308 are finite values). ±inf are
+    ranked as the largest/smallest values, as scipy does. If x or y is constant, ρ is undefined:
+    NaN, with scipy's ``ConstantInputWarning``, as scipy does. NaN in the input is an error
+    (scipy would propagate it)."""
+    x = val.as_rank_keys(x, "x")
+    y = val.as_rank_keys(y, "y")
     if x.numel() != y.numel():
         raise ValueError(f"x and y must have the same length, got {x.numel()} and {y.numel()}")
     if x.numel() < 2:
@@ -223,7 +226,7 @@ def spearman(x, y) -> float:
         warnings.warn("An input array is constant; the correlation coefficient is not defined.",
                       ConstantInputWarning, stacklevel=2)
         return float("nan")
-    return pearson(average_ranks(x), average_ranks(y.to(x.device)))
+    return pearson(average_ranks(x), average_ranks(y).to(x.device))
 
 
 def subspace_rhos_reference(x: torch.Tensor, bases: torch.Tensor, progress=None,

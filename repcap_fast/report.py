@@ -30,7 +30,7 @@ import torch
 
 from . import _validation as val
 from . import capacity, plotting
-from ._backends import check_precision, info
+from ._backends import check_precision, info, resolve_backend
 from ._deprecated import moved_names
 from .geometry import readout_basis
 from .models import (
@@ -216,11 +216,19 @@ class ReportSettings:
         for name in ("n_tokens", "batch_size", "bins"):
             object.__setattr__(self, name, val.check_int(getattr(self, name), name, 1))
         object.__setattr__(self, "n_null", val.check_n_null(self.n_null))
-        object.__setattr__(self, "seed", val.check_int(self.seed, "seed", 0))
+        object.__setattr__(self, "seed", val.check_seed(self.seed))
         val.check_choice(self.zero_rows, "zero_rows", ("error", "drop"))
         check_precision(self.precision)
         object.__setattr__(self, "dtype", val.check_dtype(self.dtype))
+        object.__setattr__(self, "k", val.check_int(self.k, "k", 1))
         object.__setattr__(self, "ccrs", tuple(val.check_int(c, "ccrs", 0) for c in self.ccrs))
+        if not self.ccrs or len(set(self.ccrs)) != len(self.ccrs):
+            raise ValueError(f"ccrs must name at least one CCR variant, each once, got {self.ccrs}")
+        if not math.isfinite(float(self.k_sigma)):
+            raise ValueError(f"k_sigma must be finite, got {self.k_sigma}")
+        device = val.check_device(self.device)
+        for op in ("pairwise_cosine_stats", "subspace_pga"):
+            resolve_backend(self.backend, device, op)
         object.__setattr__(self, "device", str(self.device))
         if isinstance(self.layers, np.integer):
             object.__setattr__(self, "layers", int(self.layers))
@@ -253,10 +261,10 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
     (where a text that is too short shows) run before the V² pass of ε. If a stage fails, report.json
     is still written with the stages that finished and the error, and the error is raised."""
     settings = _with_legacy(settings or ReportSettings(), legacy)
+    out = val.check_output_folder(out, "out")  # created and writable before any work
     if texts is None and settings.text_file is not None:
         texts = read_texts(settings.text_file, jsonl_key=settings.jsonl_key)
         text_name = text_name or os.path.basename(settings.text_file)
-    os.makedirs(out, exist_ok=True)
     recorded = {"source": None if source is None else str(source), **settings.to_dict(),
                 "text": text_name or ("default corpus" if texts is None else "texts"),
                 "text_file": None if settings.text_file is None else os.path.abspath(settings.text_file),
@@ -348,7 +356,8 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
             profile = {str(ccr): [{"layer": layer, **{key: _finite(getattr(r, key)) for key in
                                                      ("z", "rho_readout", "null_mean", "null_std")},
                                    "null_rhos": [_finite(x) for x in r.null_rhos], "n_pairs": r.n_pairs,
-                                   "backend": r.backend} for layer, r in zip(states.layers, per_layer)]
+                                   "backend": r.backend, "warnings": list(r.warnings)}
+                                  for layer, r in zip(states.layers, per_layer)]
                        for ccr, per_layer in results.items()}
             report["pga"] = {"k": s.k, "n_null": s.n_null, "seed": s.seed, "ccrs": list(s.ccrs),
                              "readout": "top-k right singular vectors of W_U (the unembedding"
@@ -451,8 +460,13 @@ def report_markdown(report: Dict) -> str:
                   "| layer | " + " | ".join(f"z CCR-{c}" for c in p["profile"]) + " |",
                   "|---|" + "---|" * len(p["profile"])]
         for i, layer in enumerate(r["layer"] for r in next(iter(p["profile"].values()))):
-            zs = " | ".join(_fmt(rows[i]["z"], ".2f") for rows in p["profile"].values())
+            zs = " | ".join(_fmt(rows[i]["z"], ".2f") + (" ⚠" if rows[i].get("warnings") else "")
+                            for rows in p["profile"].values())
             lines.append(f"| {layer} | {zs} |")
+        flagged = [(ccr, row) for ccr, rows in p["profile"].items() for row in rows if row.get("warnings")]
+        if flagged:
+            lines += ["", "**Degenerate inputs (⚠):**", ""]
+            lines += [f"- layer {row['layer']}, CCR-{ccr}: {note}" for ccr, row in flagged for note in row["warnings"]]
         lines += ["", "![pga](pga_profile.png)", "", "## Spectra per layer", "",
                   "| layer | RankMe | α-ReQ | isotropy | condition | top-PC mass in readout |",
                   "|---|---|---|---|---|---|"]
@@ -475,7 +489,7 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
     plot of ε against d_model. Writes OUT/survey.json, OUT/survey.md and OUT/epsilon_vs_d.png."""
     if not sources:
         raise ValueError("survey needs at least one SOURCE")
-    os.makedirs(out, exist_ok=True)
+    out = val.check_output_folder(out, "out")
     rows = []
     for source in sources:
         t0 = _stage(f"{source}", log)

@@ -110,7 +110,33 @@ def test_profile_equals_one_call_per_layer_and_draws_once(monkeypatch):
     assert len(draws) == 1  # one draw for 3 layers × 2 CCR variants
     for c in (1, 2):
         for i, h in enumerate(layers):
-            assert prof[c][i].to_dict() == pga.subspace_pga(h, w, k=4, n_null=6, ccr=c).to_dict()
+            got = prof[c][i].to_dict()
+            assert got["settings"].pop("layer") == i
+            assert got == pga.subspace_pga(h, w, k=4, n_null=6, ccr=c).to_dict()
+
+
+def test_profile_takes_a_mapping_and_checks_every_layer_and_variant_before_work(monkeypatch):
+    """A Mapping such as hidden_states(...) is accepted (its keys label the results; it raised
+    AttributeError), duplicated CCR variants are refused (ccrs=(1, 1) gave 6 results for 3
+    layers), and a CCR variant too large for a later layer fails before the first layer runs."""
+    g = torch.Generator().manual_seed(1)
+    layers = {0: torch.randn(30, 8, generator=g), 6: torch.randn(30, 8, generator=g)}
+    w = torch.randn(40, 8, generator=g)
+    prof = pga.pga_profile(layers, w, k=3, n_null=4, ccrs=(1, 2), progress=False)
+    assert [[r.settings["layer"] for r in prof[c]] for c in (1, 2)] == [[0, 6], [0, 6]]
+    assert prof[1][1].z == pga.subspace_pga(layers[6], w, k=3, n_null=4, ccr=1).z
+    with pytest.raises(ValueError, match="ccrs has duplicates"):
+        pga.pga_profile(list(layers.values()), w, k=3, n_null=4, ccrs=(1, 1), progress=False)
+    monkeypatch.setattr(pga, "subspace_pga", lambda *a, **k: pytest.fail("a layer ran before every check"))
+    short = [layers[0], torch.randn(4, 8, generator=g)]
+    with pytest.raises(ValueError, match=r"ccr must be < min\(N, d\) = 4 \(hidden_states_by_layer\[1\]"):
+        pga.pga_profile(short, w, k=3, n_null=4, ccrs=(1, 5), progress=False)
+    bad = layers[6].clone()
+    bad[3, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"hidden_states_by_layer\[1\] contains 1 NaN/Inf values \(first in row 3"):
+        pga.pga_profile([layers[0], bad], w, k=3, n_null=4, ccrs=(1,), progress=False)
+    with pytest.raises(TypeError, match="got one matrix"):
+        pga.pga_profile(layers[0], w, k=3, n_null=4, progress=False)
 
 
 H_OK = torch.randn(20, 8)
@@ -477,3 +503,13 @@ def test_smollm2_gives_a_finite_z_per_layer_and_the_backends_agree(smollm2_state
     got = prof[1][3]
     assert got.z == pytest.approx(ref.z, rel=1e-4, abs=1e-4)
     np.testing.assert_allclose([got.rho_readout, *got.null_rhos], [ref.rho_readout, *ref.null_rhos], atol=2e-6)
+
+
+@pytest.mark.parametrize("device,name", device_backends(kernels_only=True))
+def test_both_ops_share_one_token_limit(device, name):
+    """subspace_pga_ranks used to accept up to 92,681 tokens (and allocate N(N−1)/2 float64 ranks,
+    34 GB) where subspace_pga_rhos stops at 65,536: one limit now, checked before any allocation."""
+    limit = rf.info()["limits"]["pga_tokens"]
+    x = torch.randn(limit + 1, 2, device=device)
+    with pytest.raises((RuntimeError, ValueError), match=f"at most {limit} tokens"):
+        ranks_fn(name)(x)

@@ -16,6 +16,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from .. import _validation as val
 from .._progress import progress_bar
 from .sources import ResolvedSource, resolve_source
 
@@ -227,6 +228,7 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if n_tokens < 3:
         raise ValueError(f"n_tokens must be at least 3 (pairs of tokens are compared), got {n_tokens}")
+    seed = val.check_seed(seed)
     ids = None if token_ids is None else torch.as_tensor(token_ids)
     if ids is not None and (ids.dtype.is_floating_point or ids.dim() not in (1, 2) or ids.numel() == 0):
         raise ValueError(f"token_ids must be a non-empty 1-D stream or 2-D batch of integer ids, got "

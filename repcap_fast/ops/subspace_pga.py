@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -58,11 +59,18 @@ _PROGRESS_WORK = 2e8  # pairs × subspaces above which a bar is shown by default
 # payloads of every subspace of the batch; once: reference ranks, twice them, and the shared
 # sort scratch. triton: see triton_kernels/subspace_pga.py.
 _PAIR_BYTES = {"cpu": ((16, 12), (8, 0)), "cuda": ((8, 20), (4, 4)), "triton": ((8, 52), (0, 0))}
+# The torch reference's peak per token pair (N² of them): the N×N float64 Gram, its upper
+# triangle and the ranks and sort scratch of the condensed distances.
+_REFERENCE_PAIR_BYTES = 24
 
 
 @dataclass
 class PGAResult:
-    """ρ_readout, the null ρ's and z = (ρ_readout − mean)/std (ddof = 1)."""
+    """ρ_readout, the null ρ's and z = (ρ_readout − mean)/std (ddof = 1). `warnings` names what
+    makes the result degenerate (each also raised as a DegenerateInputWarning): a CCR residual
+    of rank ≤ 1 (z is NaN: every distance is 0 or 2, and rounding alone would order them),
+    duplicated tokens (their pairs tie at distance 0 in every subspace), an undefined ρ, or
+    σ_null = 0 (z is NaN)."""
 
     z: float
     rho_readout: float
@@ -79,6 +87,7 @@ class PGAResult:
     method: str
     backend: str
     settings: Dict[str, object] = field(default_factory=dict)
+    warnings: List[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -88,13 +97,18 @@ class PGAResult:
         return out
 
 
+class DegenerateInputWarning(RuntimeWarning):
+    """The input makes a Subspace-PGA result degenerate (also recorded in PGAResult.warnings)."""
+
+
 # ------------------------------------------------------------------------------ validation
 
 
 @dataclass(frozen=True)
 class _Inputs:
-    """H validated, centered and CCR'd (float64), the readout basis, the null bases and the
-    settings (batch: subspaces per kernel call, None for the memory-sized default)."""
+    """H validated; x: H centered, CCR'd and with unit rows (float64); the readout basis, the
+    null bases and the settings (batch: subspaces per kernel call, None for the memory-sized
+    default); what makes the input degenerate."""
 
     H: torch.Tensor
     x: torch.Tensor
@@ -106,6 +120,7 @@ class _Inputs:
     backend: str
     precision: str
     batch: Optional[int]
+    warnings: Tuple[str, ...] = ()
 
     def signature(self) -> Dict[str, object]:  # batch may differ across ranks: it changes no result
         return {"H": distributed.tensor_digest(self.H), "readout": distributed.tensor_digest(self.readout),
@@ -114,13 +129,32 @@ class _Inputs:
                 "backend": self.backend, "precision": self.precision}
 
 
-def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, precision, batch) -> _Inputs:
-    H = val.as_matrix(H, "H")  # NaN/Inf: center_and_ccr checks
-    N, d = H.shape
+@dataclass(frozen=True)
+class Settings:
+    """The validated settings of a Subspace-PGA call (everything but the matrices' values)."""
+
+    n_null: int
+    ccr: int
+    seed: int
+    method: str
+    backend: str
+    precision: str
+    batch: Optional[int]
+
+
+def check_settings(N: int, d: int, device: torch.device, n_null, ccr, seed, method, backend, precision,
+                   batch, name: str = "H") -> Settings:
+    """Checks everything about a call on an N×d `name` that needs no pass over its values: N ≥ 3,
+    n_null, ccr (0 ≤ ccr < min(N, d)), seed, method, backend (and its token limit), precision,
+    batch, and, for the torch reference, that its N×N float64 working set fits in memory."""
     if N < 3:
-        raise ValueError(f"H needs N >= 3 tokens (rows), got N={N}")
+        raise ValueError(f"{name} needs N >= 3 tokens (rows), got N={N}")
     n_null = val.check_n_null(n_null)
-    seed = val.check_int(seed, "seed", 0)
+    seed = val.check_seed(seed)
+    if isinstance(ccr, bool) or not isinstance(ccr, (int, np.integer)) or ccr < 0:
+        raise ValueError(f"ccr must be an int >= 0, got {ccr!r}")
+    if ccr >= min(N, d):
+        raise ValueError(f"ccr must be < min(N, d) = {min(N, d)} ({name}: N={N} tokens, d={d}), got {ccr}")
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1):
         raise ValueError(f"batch must be an int >= 1 (subspaces per kernel call), got {batch!r}")
     val.check_choice(method, "method", METHODS)
@@ -129,22 +163,65 @@ def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, 
         if backend not in ("auto", "torch", None):
             raise ValueError(f"method='stream' runs on torch ops on H's device; backend must be 'auto' or "
                              f"'torch', got {backend!r}")
-        name = "torch"
+        backend_name = "torch"
     else:
-        name = resolve_backend(backend, H.device, "subspace_pga")
-        if name != "torch" and N > kernel_limits().pga_tokens:
-            raise ValueError(f"H has N={N} tokens; the {name} kernel takes at most {kernel_limits().pga_tokens} "
-                             f"(twice the ranks of the N(N−1)/2 pairs are 32-bit): use backend='torch' or "
-                             f"method='stream', or sample fewer tokens")
+        backend_name = resolve_backend(backend, device, "subspace_pga")
+        if backend_name != "torch" and N > kernel_limits().pga_tokens:
+            raise ValueError(f"{name} has N={N} tokens; the {backend_name} kernel takes at most "
+                             f"{kernel_limits().pga_tokens} (twice the ranks of the N(N−1)/2 pairs are 32-bit): use "
+                             f"backend='torch' or method='stream', or sample fewer tokens")
+        if backend_name == "torch":
+            need = _REFERENCE_PAIR_BYTES * N * N
+            budget = _memory_budget(torch.device(device))
+            if need > budget:
+                raise ValueError(f"{name} has N={N} tokens: the torch reference materializes N×N float64 "
+                                 f"distances (about {need / 2**30:.1f} GiB) and half the available memory is "
+                                 f"{budget / 2**30:.1f} GiB; use method='stream', a kernel backend, or fewer tokens")
+    return Settings(n_null, int(ccr), seed, method, backend_name, precision, None if batch is None else int(batch))
+
+
+def _compute_dtype(backend: str, method: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype distances are computed in: float64 for the torch reference (exact method) and
+    float64 H, float32 otherwise."""
+    return torch.float64 if backend == "torch" and method == "exact" else val.compute_dtype(dtype)
+
+
+def _degeneracy_warnings(u: torch.Tensor, ccr: int, dtype: torch.dtype) -> List[str]:
+    """What makes PGA on the unit rows u (float64, the centered, CCR'd tokens) degenerate when
+    distances are computed in `dtype`: rank ≤ 1 (every row ± one direction, to 64 ulp of dtype:
+    beyond what its distances resolve) and duplicated rows."""
+    out = []
+    pivot = u[0]
+    if bool(((u @ pivot).abs() >= 1.0 - 64 * torch.finfo(dtype).eps).all()):
+        out.append(f"rank-1 residual: after centering and CCR-{ccr} every token lies on one line, so every "
+                   "cosine distance is 0 or 2 and rounding alone orders them; z and the ρ's are undefined (NaN). "
+                   "Use a smaller ccr or more tokens.")
+        return out
+    n_unique = int(torch.unique(u, dim=0).shape[0])
+    if n_unique < u.shape[0]:
+        out.append(f"duplicated tokens: {u.shape[0] - n_unique} of {u.shape[0]} tokens repeat another token's "
+                   "hidden state; their pairs tie at distance 0 in every subspace (average ranks).")
+    return out
+
+
+def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, precision, batch) -> _Inputs:
+    H = val.as_matrix(H, "H")  # NaN/Inf: center_and_ccr checks
+    N, d = H.shape
+    s = check_settings(N, d, H.device, n_null, ccr, seed, method, backend, precision, batch)
     readout = readout_subspace(W_U, basis, k, layout, d)
-    x, _ = center_and_ccr(H, ccr)
-    zero = torch.linalg.vector_norm(x, dim=1) == 0
+    x, _ = center_and_ccr(H, s.ccr)
+    norms = val.row_norms(x, "H")  # float64 without overflow or underflow, whatever H's scale
+    zero = norms == 0
     if bool(zero.any()):
-        raise ValueError(f"H has {int(zero.sum())} zero-norm rows after centering and CCR-{ccr} (an all-constant "
+        raise ValueError(f"H has {int(zero.sum())} zero-norm rows after centering and CCR-{s.ccr} (an all-constant "
                          "layer, or tokens equal to the mean); their cosine distance is undefined")
-    nulls = grassmann_bases(d, int(readout.shape[1]), n_null, seed, device=x.device)
-    return _Inputs(H, x, readout, nulls, int(ccr), seed, method, name, precision,
-                   None if batch is None else int(batch))
+    # Cosine distances, in the full space and in every subspace, do not change when a row is
+    # scaled: the kernels get the unit rows (divided in float64), so no H scale overflows or
+    # underflows the float32 compute dtype.
+    u = val.unit_rows(x, torch.float64, norms)
+    nulls = grassmann_bases(d, int(readout.shape[1]), s.n_null, s.seed, device=x.device)
+    return _Inputs(H, u, readout, nulls, s.ccr, s.seed, s.method, s.backend, s.precision, s.batch,
+                   tuple(_degeneracy_warnings(u, s.ccr, _compute_dtype(s.backend, s.method, H.dtype))))
 
 
 # ------------------------------------------------------------------------- public function
@@ -198,10 +275,23 @@ def subspace_pga(
     group = distributed.resolve_group(group)
     inputs = distributed.prepare_on_every_rank("subspace_pga", group, _check_inputs, H, W_U, basis, k, n_null, ccr,
                                                seed, layout, method, backend, precision, batch)
-    rhos = _subspace_pga(inputs, progress, group)
+    notes = list(inputs.warnings)
+    rank_one = any(n.startswith("rank-1 residual") for n in notes)
+    if rank_one:
+        rhos = [float("nan")] * (1 + inputs.nulls.shape[0])  # nothing to compute: every ρ is rounding
+    else:
+        rhos = _subspace_pga(inputs, progress, group)
     rho_readout, null = rhos[0], np.asarray(rhos[1:], dtype=np.float64)
     null_mean, null_std = float(null.mean()), float(null.std(ddof=1))
     z = (rho_readout - null_mean) / null_std if null_std > 0 else float("nan")
+    undefined = [_subspace_name(b) for b, r in enumerate(rhos) if math.isnan(r)]
+    if undefined and not rank_one:
+        notes.append(f"undefined ρ (every distance equal) on {len(undefined)} subspaces: {', '.join(undefined[:3])}"
+                     + (", ..." if len(undefined) > 3 else ""))
+    if null_std == 0:
+        notes.append("σ_null = 0: every null ρ is the same, so z is undefined (NaN)")
+    for note in notes:
+        warnings.warn(f"subspace_pga: {note}", DegenerateInputWarning, stacklevel=2)
     N, d = inputs.H.shape
     return PGAResult(
         z=float(z), rho_readout=float(rho_readout), null_rhos=null.tolist(), null_mean=null_mean,
@@ -212,6 +302,7 @@ def subspace_pga(
                   f"histogram CDF: {STREAM_BINS} bins over [0, 2], a bin's pairs share its average rank",
                   "distances": "cosine, float64" if (inputs.backend == "torch" and method == "exact")
                   or inputs.H.dtype == torch.float64 else "cosine, float32 (projection and dot products)"},
+        warnings=notes,
     )
 
 
@@ -232,8 +323,7 @@ def _subspace_pga(inputs: _Inputs, progress: Optional[bool], group) -> List[floa
     N = x.shape[0]
     rank, world = (0, 1) if group is None else distributed.rank_and_world(group)
     mine = distributed.contiguous_share(n_bases, rank, world)
-    dtype = torch.float64 if inputs.backend == "torch" and inputs.method == "exact" else \
-        val.compute_dtype(inputs.H.dtype)
+    dtype = _compute_dtype(inputs.backend, inputs.method, inputs.H.dtype)
     xk = x.to(dtype).contiguous()
 
     def run() -> List[float]:
