@@ -146,14 +146,19 @@ def cross_model_agreement(H_a, H_b, basis_a: torch.Tensor, basis_b: torch.Tensor
     in random subspaces of the same dimensions (n_null draws per model, seeded; mean and sample
     std of the ρ's). Both are centered with CCR-`ccr` first."""
     n_null = check_n_null(n_null)
+    seed = val.check_int(seed, "seed", 0, val.MAX_SEED - 1)  # model b draws with seed + 1
+    H_a, H_b = val.finite_matrix(H_a, "H_a"), val.finite_matrix(H_b, "H_b")  # all checks before any work
+    if H_a.shape[0] != H_b.shape[0]:
+        raise ValueError(f"H_a and H_b must hold the same tokens: N={H_a.shape[0]} vs N={H_b.shape[0]}")
+    if H_a.shape[0] < 3:
+        raise ValueError(f"need N >= 3 tokens, got {H_a.shape[0]}")
+    ba = check_basis(basis_a, H_a.shape[1], "basis_a")
+    bb = check_basis(basis_b, H_b.shape[1], "basis_b")
+    for name, H in (("H_a", H_a), ("H_b", H_b)):
+        check_settings(int(H.shape[0]), int(H.shape[1]), H.device, n_null, ccr, seed, "exact", "torch", "highest",
+                       None, name=name)
     xa, _ = center_and_ccr(H_a, ccr)
     xb, _ = center_and_ccr(H_b, ccr)
-    if xa.shape[0] != xb.shape[0]:
-        raise ValueError(f"H_a and H_b must hold the same tokens: N={xa.shape[0]} vs N={xb.shape[0]}")
-    if xa.shape[0] < 3:
-        raise ValueError(f"need N >= 3 tokens, got {xa.shape[0]}")
-    ba = check_basis(basis_a, xa.shape[1], "basis_a")
-    bb = check_basis(basis_b, xb.shape[1], "basis_b")
 
     def rho(pa, pb):
         return pearson(average_ranks(condensed_cosine_distances(pa, "H_a")),

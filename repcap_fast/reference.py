@@ -208,7 +208,9 @@ def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def spearman(x, y) -> float:
     """Spearman's ρ with average ranks for ties: the Pearson correlation of the ranks, in
-    float64. Matches ``scipy.stats.spearmanr(x, y).statistic``. x and y are ranked exactly as
+    float64. Matches ``scipy.stats.spearmanr(x, y).statistic`` wherever SciPy's conversion of x
+    and y to one float64 array is exact (SciPy rounds integers beyond 2^53 next to floats; this
+    does not). x and y are ranked exactly as
     given (lists, numpy arrays of any real dtype, tensors; nothing is rounded first, so 1 and
     1 + 1e-9, or 2**62 and 2**62 + 1, stay distinct, and ±1e308 are finite values). ±inf are
     ranked as the largest/smallest values, as scipy does. If x or y is constant, ρ is undefined:

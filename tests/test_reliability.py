@@ -313,3 +313,22 @@ def test_penalty_p_limit_holds_on_the_kernels_and_not_on_the_reference():
     with pytest.raises(ValueError, match=r"p must be an integer in \[1, 1073741824\]"):
         rf.gram_offdiag_penalty(X, p=2**30 + 1, backend="cpu")
     assert math.isfinite(float(rf.gram_offdiag_penalty(X, p=2**30 + 1, backend="torch")))
+
+
+def test_a_gradient_beyond_the_input_dtype_is_an_error_not_inf():
+    """float16 X, normalize=False, p = 5: the loss fits but ∂L/∂x (7e4) does not; it came back as
+    −inf in X.grad."""
+    X = torch.tensor([[-1.58], [-4.07]], dtype=torch.float16).requires_grad_(True)
+    loss = rf.gram_offdiag_penalty(X, p=5, normalize=False)
+    assert math.isfinite(float(loss.detach()))
+    with pytest.raises(ValueError, match="overflows torch.float16, X's dtype"):
+        loss.backward()
+
+
+def test_mean_stays_within_min_and_max_and_equal_cosines_have_zero_std():
+    """The float64 torch backend gave μ one ulp below min = max and σ = 1.5e-8 for three equal rows
+    (σ² = Σc²/n − μ² cancels)."""
+    a = torch.tensor([[-0.7056439518928528, 0.6741186380386353]] * 3)
+    for backend in ("torch", "cpu"):
+        s = rf.pairwise_cosine_stats(a, backend=backend)
+        assert s.min <= s.mean <= s.max and s.std == 0.0

@@ -195,7 +195,11 @@ class GramOffdiagPenaltyFunction(torch.autograd.Function):
         (grad,) = ctx.saved_tensors
         g = grad_loss.to(grad.dtype)
         out = grad if bool(g == 1) else grad * g
-        return out.to(ctx.x_dtype), None, None, None
+        cast = out.to(ctx.x_dtype)
+        if cast.dtype != out.dtype and not bool(torch.isfinite(cast).all()) and bool(torch.isfinite(out).all()):
+            raise ValueError(f"the gradient of the penalty (max |∂L/∂x| = {float(out.abs().max()):.3g}) overflows "
+                             f"{ctx.x_dtype}, X's dtype; pass float32 or float64 X, or rescale it")
+        return cast, None, None, None
 
 
 # ------------------------------------------------------------------------ public functions
