@@ -7,8 +7,9 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import math
 import os
-from typing import List
+from typing import List, Sequence, Tuple
 
 SWEEP_FORMAT = "repcap_fast.packing.sweep/1"
 CELL_FIELDS = ("k", "d", "steps", "p", "lr", "seed", "dtype", "eps_star", "eps_star_init",
@@ -18,39 +19,183 @@ CELL_FIELDS = ("k", "d", "steps", "p", "lr", "seed", "dtype", "eps_star", "eps_s
 SETTING_KEYS = ("steps", "seed", "dtype", "p", "lr")
 
 
-def read_cells(path: str) -> List[dict]:
-    """The cells of the sweep file at `path` ([] when there is none); a file that is not a
-    sweep file is an error (it is never overwritten)."""
-    if not os.path.exists(path):
-        return []
+_INT_FIELDS = {"k": 1, "d": 1, "steps": 1, "p": 1, "seed": 0}  # the least value of each integer field
+_STR_FIELDS = ("dtype",)
+_FLOAT_FIELDS = tuple(f for f in CELL_FIELDS if f not in _INT_FIELDS and f not in _STR_FIELDS)  # or None
+
+
+_MAX_INT = 2**63 - 1  # seeds reach it; k, d, steps and p far below (floats hold them for the fit)
+
+
+def _not_sweep(path: str, why: str) -> ValueError:
+    return ValueError(f"{path}: exists and is not a repcap_fast sweep file ({why}); pick another path")
+
+
+def _check_cell(path: str, label: str, cell) -> dict:
+    """One record of a sweep file (`label` says where: "cells[3]", "line 4"), checked: ints where
+    ints belong, a dtype string, and numbers (or null) everywhere else; ValueError naming the file
+    and the cell otherwise."""
+    if not isinstance(cell, dict):
+        raise ValueError(f"{path}: {label} is a {type(cell).__name__}, not a record with {', '.join(CELL_FIELDS)}")
+    missing = [key for key in CELL_FIELDS if key not in cell]
+    if missing:
+        raise ValueError(f"{path}: {label} has no {', '.join(missing)}")
+    where = f"{path}: {label} (k={str(cell['k'])[:20]}, d={str(cell['d'])[:20]})"
+    for key, least in _INT_FIELDS.items():
+        value = cell[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= _MAX_INT:
+            raise ValueError(f"{where}: {key} is {str(value)[:40]!r}, not an int in [{least}, 2^63 - 1]")
+    for key in _STR_FIELDS:
+        if not isinstance(cell[key], str):
+            raise ValueError(f"{where}: {key} is {str(cell[key])[:40]!r}, not a string")
+    for key in _FLOAT_FIELDS:
+        value = cell[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{where}: {key} is {str(value)[:40]!r}, not a number")
+    return cell
+
+
+def _same(a, b) -> bool:
+    """Equal values, NaN equal to NaN (a repeated record of a cell whose ε is NaN is the same record)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _differences(a: dict, b: dict) -> str:
+    differ = [f for f in CELL_FIELDS if not _same(a[f], b[f])]
+    return ", ".join(f"{f}: {a[f]!r} vs {b[f]!r}" for f in differ[:4])
+
+
+def _dedupe(path: str, cells: List[dict]) -> List[dict]:
+    """The cells with exact repeats of a (k, d) record dropped; repeats that disagree are an error
+    naming the cell and the fields that differ."""
+    seen = {}
+    out = []
+    for i, cell in enumerate(cells):
+        key = (cell["k"], cell["d"])
+        if key not in seen:
+            seen[key] = i
+            out.append(cell)
+            continue
+        differ = _differences(cells[seen[key]], cell)
+        if differ:
+            raise ValueError(
+                f"{path}: records {seen[key] + 1} and {i + 1} are both the cell (k={key[0]}, d={key[1]}), with "
+                f"different values ({differ}); remove one of them from the file")
+    return out
+
+
+def merge_cells(sources: Sequence[Tuple[str, List[dict]]]) -> List[dict]:
+    """The cells of several sweep files, each given as (path, its read_cells), in order, with exact
+    repeats of a (k, d) record dropped; a cell whose records disagree between files is a
+    ValueError naming both files and the fields that differ (a resume never keeps two ε for one
+    cell)."""
+    seen = {}
+    out = []
+    for path, cells in sources:
+        for cell in cells:
+            key = (cell["k"], cell["d"])
+            if key not in seen:
+                seen[key] = (path, cell)
+                out.append(cell)
+                continue
+            first_path, first = seen[key]
+            differ = _differences(first, cell)
+            if differ:
+                raise ValueError(f"the cell (k={key[0]}, d={key[1]}) is in {first_path} and in {path} with different "
+                                 f"values ({differ}); remove one of them")
+    return out
+
+
+def is_sweep_file(path: str) -> bool:
+    """Whether the file at `path` was written by write_cells, judged by its first bytes only (the
+    format tag of a JSON sweep file, the header row of a CSV one): a truncated or corrupt sweep
+    file still is one, which a restart may overwrite; a foreign file is not."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
     if path.endswith(".csv"):
+        return head.split(b"\n", 1)[0].rstrip(b"\r") == ",".join(CELL_FIELDS).encode()
+    return head.lstrip().startswith(b"{") and f'"format": "{SWEEP_FORMAT}"'.encode() in head
+
+
+def _parse_csv_value(path: str, line: int, key: str, value):
+    if value is None:  # a short row: csv.DictReader fills the missing fields with None
+        raise ValueError(f"{path}: line {line} has no {key} (too few fields)")
+    try:
+        if key in _INT_FIELDS:
+            return int(value)
+        if key in _STR_FIELDS:
+            return value
+        return float(value) if value not in ("", "None") else None
+    except ValueError:
+        want = "an int" if key in _INT_FIELDS else "a number"
+        raise ValueError(f"{path}: line {line}: {key} is {value[:40]!r}, not {want}") from None
+
+
+def _read_csv(path: str) -> List[dict]:
+    try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
             if tuple(reader.fieldnames or ()) != CELL_FIELDS:
-                raise ValueError(f"out={path!r} exists and is not a repcap_fast sweep file; pick another path")
-            rows = list(reader)
-        cells = []
-        for row in rows:
-            cell = {}
-            for key in CELL_FIELDS:
-                value = row.get(key, "")
-                if key in ("k", "d", "steps", "p", "seed"):
-                    cell[key] = int(value)
-                elif key == "dtype":
-                    cell[key] = value
-                else:
-                    cell[key] = float(value) if value not in ("", "None") else None
-            cells.append(cell)
-        return cells
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+                raise _not_sweep(path, f"its CSV header is not {','.join(CELL_FIELDS)}")
+            cells = []
+            for row in reader:
+                line = reader.line_num
+                if None in row:  # more fields than the header
+                    raise ValueError(f"{path}: line {line} has {len(CELL_FIELDS) + len(row[None])} fields, the "
+                                     f"header {len(CELL_FIELDS)}")
+                cell = {key: _parse_csv_value(path, line, key, row.get(key)) for key in CELL_FIELDS}
+                cells.append(_check_cell(path, f"line {line}", cell))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}): not a sweep file") from exc
+    except csv.Error as exc:
+        raise ValueError(f"{path}: not a readable CSV sweep file ({exc})") from exc
+    return cells
+
+
+def _read_json(path: str) -> List[dict]:
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}): not a sweep file") from exc
+    except (ValueError, RecursionError) as exc:  # json.JSONDecodeError; too deeply nested
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{path}: not valid JSON ({first[:200]}): a truncated or corrupt sweep file? (remove "
+                         f"it or pick another path)") from exc
     if not isinstance(data, dict) or data.get("format") != SWEEP_FORMAT:
-        raise ValueError(f"out={path!r} exists and is not a repcap_fast sweep file; pick another path")
-    return list(data["cells"])
+        raise _not_sweep(path, f"no \"format\": \"{SWEEP_FORMAT}\"")
+    if "cells" not in data:
+        raise ValueError(f"{path}: a sweep file without \"cells\" (keys: {', '.join(sorted(map(str, data)))})")
+    cells = data["cells"]
+    if not isinstance(cells, list):
+        raise ValueError(f"{path}: \"cells\" is a {type(cells).__name__}, not a list of records")
+    return [_check_cell(path, f"cells[{i}]", cell) for i, cell in enumerate(cells)]
+
+
+def read_cells(path: str) -> List[dict]:
+    """The cells of the sweep file at `path` ([] when there is none); a file that is not a
+    sweep file is an error (it is never overwritten). Every record is checked when read (ints
+    for k, d, steps, p, seed; numbers or null for ε and the statistics), and repeated (k, d)
+    records must agree (exact repeats are dropped): a ValueError names the file and the cell."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        return []
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: a directory, not a sweep file")
+    cells = _read_csv(path) if path.endswith(".csv") else _read_json(path)
+    return _dedupe(path, cells)
 
 
 def write_cells(path: str, cells: List[dict]) -> None:
     """Atomically (write a temporary file, then rename): a kill never leaves a torn file."""
+    path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         if path.endswith(".csv"):
@@ -77,6 +222,7 @@ def part_files(out: str) -> List[str]:
 
 def load_cells(path: str) -> List[dict]:
     """The cells of a sweep file (JSON or CSV)."""
+    path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no sweep results at {path!r}")
     return read_cells(path)

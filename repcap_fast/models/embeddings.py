@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .readers import _GGUFReader, _NpyReader, _Reader, _TorchReader, open_reader
+from .readers import _GGUFReader, _NpyReader, _Reader, _TorchReader, open_reader, read_json
 from .sources import ResolvedSource, resolve_source
 
 
@@ -49,6 +49,14 @@ _TIE_DEFAULTS = {"llama": False, "mistral": False, "mixtral": False, "qwen2": Fa
                  "opt": True, "falcon": True}
 
 
+class MissingTensorError(KeyError, ValueError):
+    """The checkpoint lacks the tensor asked for (or any embedding tensor this table knows). A
+    KeyError as before, and a ValueError like every other bad-input error of the readers."""
+
+    def __str__(self):  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class NoUnembeddingError(KeyError, ValueError):
     """The source has an input embedding but no unembedding (a single matrix, an SAE decoder, or an
     untied checkpoint saved without its output head)."""
@@ -60,18 +68,24 @@ class NoUnembeddingError(KeyError, ValueError):
 def _read_config(resolved: ResolvedSource, reader: _Reader) -> Dict:
     if isinstance(reader, _GGUFReader):
         arch = reader.field("general.architecture")
+        arch = arch if isinstance(arch, str) else None
         return {"model_type": "gguf", "gguf_architecture": arch,
-                "num_hidden_layers": reader.field(f"{arch}.block_count"),
-                "hidden_size": reader.field(f"{arch}.embedding_length")}
+                "num_hidden_layers": reader.field(f"{arch}.block_count") if arch else None,
+                "hidden_size": reader.field(f"{arch}.embedding_length") if arch else None}
     directory = resolved.path if resolved.kind == "directory" else os.path.dirname(resolved.path)
     path = os.path.join(directory, "config.json")
     if not os.path.exists(path):
         return {}
-    with open(path, encoding="utf-8") as fh:
-        cfg = json.load(fh)
+    cfg = read_json(path, "a model config")
     text_cfg = cfg.get("text_config")  # multimodal wrappers (Gemma 3) keep the language model's settings here
+    if text_cfg is not None and not isinstance(text_cfg, dict):
+        raise ValueError(f"{path}: \"text_config\" is {str(text_cfg)[:60]!r}, not an object")
     if isinstance(text_cfg, dict):
         cfg = {**text_cfg, **{k: v for k, v in cfg.items() if k != "text_config"}}
+    for key, types, want in (("model_type", (str,), "a string"), ("tie_word_embeddings", (bool,), "true or false")):
+        value = cfg.get(key)
+        if value is not None and not isinstance(value, types):
+            raise ValueError(f"{path}: \"{key}\" is {json.dumps(value)[:60]}, not {want}")
     return cfg
 
 
@@ -93,22 +107,55 @@ def _tokenizer_size(resolved: ResolvedSource, reader: _Reader) -> Optional[int]:
     directory = resolved.path if resolved.kind == "directory" else os.path.dirname(resolved.path)
     tj = os.path.join(directory, "tokenizer.json")
     if os.path.exists(tj):
-        with open(tj, encoding="utf-8") as fh:
-            tok = json.load(fh)
-        vocab = tok.get("model", {}).get("vocab")
-        if isinstance(vocab, dict):
-            ids = set(vocab.values())
-        elif isinstance(vocab, list):
-            ids = set(range(len(vocab)))
-        else:
-            return None
-        ids.update(int(t["id"]) for t in tok.get("added_tokens", []) if "id" in t)
-        return len(ids)
+        return _tokenizer_json_size(tj)
     vt = os.path.join(directory, "vocab.txt")
     if os.path.exists(vt):
-        with open(vt, encoding="utf-8") as fh:
-            return sum(1 for _ in fh)
+        try:
+            with open(vt, encoding="utf-8") as fh:
+                return sum(1 for _ in fh)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{vt}: not UTF-8 text (byte {exc.start})") from exc
     return None
+
+
+def _tokenizer_json_size(path: str) -> Optional[int]:
+    """The real tokens of a tokenizer.json (model.vocab plus added_tokens); None when it has no
+    vocabulary this can count. ValueError naming the file when it is malformed."""
+    tok = read_json(path, "a tokenizer")
+    model = tok.get("model", {})
+    if model is None:
+        model = {}
+    if not isinstance(model, dict):
+        raise ValueError(f"{path}: \"model\" is a JSON {type(model).__name__}, not an object")
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict):
+        if not all(_is_id(v) for v in vocab.values()):
+            bad = next((k, v) for k, v in vocab.items() if not _is_id(v))
+            raise ValueError(f"{path}: model.vocab[{str(bad[0])[:40]!r}] is {json.dumps(bad[1])[:40]}, not a "
+                             f"token id (a non-negative int)")
+        ids = set(vocab.values())
+    elif isinstance(vocab, list):
+        ids = set(range(len(vocab)))
+    else:
+        return None
+    added = tok.get("added_tokens", [])
+    if added is None:
+        added = []
+    if not isinstance(added, list):
+        raise ValueError(f"{path}: \"added_tokens\" is a JSON {type(added).__name__}, not a list")
+    for i, t in enumerate(added):
+        if not isinstance(t, dict):
+            raise ValueError(f"{path}: added_tokens[{i}] is {json.dumps(t)[:40]}, not an object")
+        if "id" in t:
+            if not _is_id(t["id"]):
+                raise ValueError(f"{path}: added_tokens[{i}].id is {json.dumps(t['id'])[:40]}, not a token id "
+                                 f"(a non-negative int)")
+            ids.add(t["id"])
+    return len(ids)
+
+
+def _is_id(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 @dataclass
@@ -174,9 +221,9 @@ def _find_embedding_names(cfg: Dict, names: Sequence[str], where: str) -> Tuple[
         arch = ARCHITECTURES[model_type]
         inp = _first_present(arch.input, names)
         if inp is None:
-            raise KeyError(f"{where}: a {model_type!r} model, but none of its embedding tensors "
-                           f"{list(arch.input)} is there. Tensors found: {_names_listing(names)}. "
-                           f"Pass tensor=NAME (--tensor NAME) to choose one.")
+            raise MissingTensorError(f"{where}: a {model_type!r} model, but none of its embedding tensors "
+                                     f"{list(arch.input)} is there. Tensors found: {_names_listing(names)}. "
+                                     f"Pass tensor=NAME (--tensor NAME) to choose one.")
         return model_type, inp, _first_present(arch.output, names)
     for arch_name, arch in ARCHITECTURES.items():
         inp = _first_present(arch.input, names)
@@ -185,20 +232,34 @@ def _find_embedding_names(cfg: Dict, names: Sequence[str], where: str) -> Tuple[
                 f"; config model_type {model_type!r} is not in the table)" if model_type else ")")
             return label, inp, _first_present(arch.output, names)
     known = ", ".join(sorted(ARCHITECTURES))
-    raise KeyError(f"{where}: no known embedding tensor (architectures known: {known}"
-                   + (f"; config model_type is {model_type!r}" if model_type else "")
-                   + f"). Tensors found: {_names_listing(names)}. Pass tensor=NAME (--tensor NAME) to choose one.")
+    raise MissingTensorError(f"{where}: no known embedding tensor (architectures known: {known}"
+                             + (f"; config model_type is {model_type!r}" if model_type else "")
+                             + f"). Tensors found: {_names_listing(names)}. Pass tensor=NAME (--tensor NAME) to "
+                               f"choose one.")
 
 
-def _check_n_rows(n_rows, vocab_rows: int, tokenizer_size: Optional[int]) -> int:
+def _no_tokenizer_why(resolved: ResolvedSource, kind: str) -> str:
+    """Why a source has no tokenizer size, naming where it was looked for."""
+    if kind == "gguf":
+        return f"{resolved.path} has no tokenizer.ggml.tokens"
+    if kind in ("sae", "npy"):
+        return f"{resolved.path} is a single matrix"
+    directory = resolved.path if resolved.kind == "directory" else os.path.dirname(resolved.path)
+    tj = os.path.join(directory, "tokenizer.json")
+    if os.path.exists(tj):
+        return f"{tj} has no model.vocab (an object or a list) to count"
+    return f"{directory} has no tokenizer.json or vocab.txt"
+
+
+def _check_n_rows(n_rows, vocab_rows: int, tokenizer_size: Optional[int], no_tokenizer_why: str = "") -> int:
     if n_rows is None:
         return vocab_rows
     if isinstance(n_rows, str):
         if n_rows not in ("tokenizer", "vocab"):
             raise ValueError(f"n_rows must be an int, 'tokenizer' or None, got {n_rows!r}")
         if tokenizer_size is None:
-            raise ValueError("n_rows='tokenizer': this source has no tokenizer to say how many tokens are real; "
-                             "pass n_rows=N")
+            raise ValueError("n_rows='tokenizer': this source has no tokenizer to say how many tokens are real"
+                             + (f" ({no_tokenizer_why})" if no_tokenizer_why else "") + "; pass n_rows=N")
         return min(tokenizer_size, vocab_rows)
     if isinstance(n_rows, bool) or not isinstance(n_rows, (int, np.integer)) or not 2 <= n_rows <= vocab_rows:
         raise ValueError(f"n_rows must be an int in [2, {vocab_rows}] (the matrix has {vocab_rows} rows), "
@@ -245,7 +306,7 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
         arch, inp, out, kind = "sae", "W_dec", None, "sae"
     elif tensor is not None:
         if tensor not in names:
-            raise KeyError(f"tensor {tensor!r} is not in {where}. Tensors found: {_names_listing(names)}")
+            raise MissingTensorError(f"tensor {tensor!r} is not in {where}. Tensors found: {_names_listing(names)}")
         arch, inp, out = cfg.get("model_type"), tensor, None
         if arch in ARCHITECTURES:
             out = _first_present(ARCHITECTURES[arch].output, names)
@@ -257,12 +318,18 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
         arch = f"{cfg.get('gguf_architecture')} (GGUF)"
     if kind == "sae" and len(reader.shape("W_dec")) != 2:
         raise ValueError(f"{where}: W_dec should be features × d, got shape {reader.shape('W_dec')}")
+    read_out = out is not None and which != "input" and cfg.get("tie_word_embeddings") is not True
+    for name in (inp, out) if read_out else (inp,):
+        if len(reader.shape(name)) != 2:
+            raise ValueError(f"{where}: {name!r} should be a 2-D matrix (vocabulary × d), got shape "
+                             f"{tuple(reader.shape(name))}")
 
     # Ties: never guessed silently. Values are compared on the stored tensors, before any row
     # selection or dtype conversion, and only when both are read (which != "input").
     vocab_rows = int(reader.shape(inp)[0])
     tokenizer_size = _tokenizer_size(resolved, reader) if kind not in ("sae", "npy") else None
-    rows = _check_n_rows(n_rows, vocab_rows, tokenizer_size)
+    why = _no_tokenizer_why(resolved, kind) if tokenizer_size is None and isinstance(n_rows, str) else ""
+    rows = _check_n_rows(n_rows, vocab_rows, tokenizer_size, why)
     keep = None if rows == vocab_rows else rows
     flag = cfg.get("tie_word_embeddings")
     model_type = cfg.get("model_type")

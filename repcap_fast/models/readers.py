@@ -1,16 +1,76 @@
 """Checkpoint readers: tensor names and shapes first, data only for the tensor asked for
-(safetensors, sharded safetensors, .pt/.bin state dicts, .npy, GGUF)."""
+(safetensors, sharded safetensors, .pt/.bin state dicts, .npy, GGUF).
+
+A file that is not what it claims to be (empty, truncated, corrupt, garbage) raises a ValueError
+whose message starts with the file's path and says what is wrong; a missing file stays a
+FileNotFoundError. Every size a header claims is checked against the file's size before
+anything is allocated or read, and every loop over a header's entries is bounded by the file's
+size.
+"""
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
-from typing import Dict, List, Optional, Tuple
+import pickle
+import pickletools
+import struct
+import warnings
+import zipfile
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from .sources import ResolvedSource
+
+
+def _why(exc: BaseException, limit: int = 240) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    line = text[0].strip() if text else ""
+    if len(line) > limit:
+        line = line[:limit] + " …"
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def _unreadable(path: str, what: str, exc: BaseException) -> ValueError:
+    """The ValueError for a file a library could not parse, naming the file (raise it `from exc`)."""
+    return ValueError(f"{path}: {what} ({_why(exc)})")
+
+
+def _file_size(path: str) -> int:
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: a directory, not a file")
+    return os.path.getsize(path)
+
+
+def _too_short(path: str, size: int, what: str) -> ValueError:
+    return ValueError(f"{path}: {'empty file (0 bytes)' if size == 0 else f'only {size} bytes'}: "
+                      f"too short to be {what}")
+
+
+_HUGE = 2**64  # more elements than any file holds
+
+
+def _bounded_prod(shape: Sequence[int], cap: int = _HUGE) -> Optional[int]:
+    """The product of shape, or None when it exceeds cap (computed without building huge ints)."""
+    n = 1
+    for s in shape:
+        if s == 0:
+            return 0
+    for s in shape:
+        n *= s
+        if n > cap:
+            return None
+    return n
+
+
+def _is_count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 class _Reader:
@@ -33,6 +93,76 @@ class _Reader:
             self.files_opened.append(path)
 
 
+# Bits per element of the safetensors dtypes (others are left to the safetensors package to judge).
+_SAFETENSORS_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
+                     "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64,
+                     "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
+_SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors package's own limit
+
+
+def check_safetensors(path: str) -> Dict[str, dict]:
+    """The header of a safetensors file {name: {dtype, shape, data_offsets}}, checked against the
+    file's size: ValueError naming the file when it is truncated, corrupt or not safetensors."""
+    size = _file_size(path)
+    if size < 8:
+        raise _too_short(path, size, "a safetensors file (an 8-byte header length, then a JSON header)")
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        if n > size - 8:
+            raise ValueError(f"{path}: truncated or not a safetensors file: the header length says {n} bytes, "
+                             f"the file has {size - 8} after it")
+        if n > _SAFETENSORS_MAX_HEADER:
+            raise ValueError(f"{path}: not a safetensors file: a header of {n} bytes is over the format's limit "
+                             f"({_SAFETENSORS_MAX_HEADER})")
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise _unreadable(path, "not a safetensors file: its header is not JSON", exc) from exc
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: not a safetensors file: its header is a JSON {type(header).__name__}, "
+                         f"not an object")
+    data_size = size - 8 - n
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"{path}: tensor {name!r}"
+        if not isinstance(info, dict):
+            raise ValueError(f"{where}: its header entry is a {type(info).__name__}, not an object")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if not isinstance(dtype, str):
+            raise ValueError(f"{where}: dtype is {dtype!r}, not a string")
+        if not isinstance(shape, list) or not all(_is_count(s) for s in shape):
+            raise ValueError(f"{where}: shape is {str(shape)[:80]}, not a list of non-negative ints")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets)
+                or offsets[0] > offsets[1]):
+            raise ValueError(f"{where}: data_offsets is {str(offsets)[:80]}, not [begin, end] with 0 <= begin <= end")
+        spans.append((offsets[0], offsets[1], name, dtype, shape))
+    claimed = max((end for _, end, *_ in spans), default=0)
+    if claimed > data_size:
+        raise ValueError(f"{path}: truncated: the header says {claimed} bytes of tensor data, the file has "
+                         f"{data_size}")
+    for begin, end, name, dtype, shape in spans:
+        bits = _SAFETENSORS_BITS.get(dtype)
+        if bits is None:
+            continue  # a dtype this table does not know: the safetensors package judges it
+        numel = _bounded_prod(shape)
+        if numel is None or numel * bits != (end - begin) * 8:
+            raise ValueError(f"{path}: tensor {name!r}: {dtype} of shape {str(shape)[:80]} needs "
+                             f"{'over 2**64 bytes' if numel is None else f'{numel * bits / 8:g} bytes'}, "
+                             f"but its data_offsets span {end - begin}")
+    at = 0
+    for begin, end, name, *_ in sorted(spans):
+        if begin != at:
+            raise ValueError(f"{path}: corrupt: tensor {name!r} starts at byte {begin} of the data, expected {at} "
+                             f"(tensors must cover the data without gaps or overlaps)")
+        at = end
+    if at != data_size:
+        raise ValueError(f"{path}: corrupt: the tensors cover {at} bytes of data, the file has {data_size}")
+    return {name: info for name, info in header.items() if name != "__metadata__"}
+
+
 class _SafetensorsReader(_Reader):
     kind = "safetensors"
 
@@ -41,19 +171,36 @@ class _SafetensorsReader(_Reader):
         from safetensors import safe_open
 
         self.path = path
-        self._file = safe_open(path, framework="pt")
+        self.header = check_safetensors(path)  # sizes checked before anything is mapped or read
+        try:
+            self._file = safe_open(path, framework="pt")
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the package's own error class (SafetensorError), or any other
+            raise _unreadable(path, "not a readable safetensors file", exc) from exc
         self._opened(path)
 
     def names(self):
         return list(self._file.keys())
 
+    def _check_name(self, name):
+        if name not in self.header:
+            raise KeyError(f"{self.path} has no tensor {name!r}")
+
     def shape(self, name):
-        return tuple(self._file.get_slice(name).get_shape())
+        self._check_name(name)
+        return tuple(self.header[name]["shape"])
 
     def read(self, name, n_rows=None):
-        if n_rows is None:
-            return self._file.get_tensor(name)
-        return self._file.get_slice(name)[:n_rows]
+        self._check_name(name)
+        try:
+            if n_rows is None or not self.header[name]["shape"]:
+                return self._file.get_tensor(name)
+            return self._file.get_slice(name)[:n_rows]
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise _unreadable(self.path, f"cannot read tensor {name!r}", exc) from exc
 
 
 class _ShardedSafetensorsReader(_Reader):
@@ -64,8 +211,20 @@ class _ShardedSafetensorsReader(_Reader):
 
     def __init__(self, index_path: str):
         super().__init__()
-        with open(index_path, encoding="utf-8") as fh:
-            self.weight_map = json.load(fh)["weight_map"]
+        self.index_path = index_path
+        index = read_json(index_path, "a sharded safetensors index")
+        weight_map = index.get("weight_map")
+        if weight_map is None:
+            raise ValueError(f"{index_path}: no \"weight_map\" in this sharded safetensors index (keys: "
+                             f"{_keys_listing(index)}); it should map each tensor name to its shard file")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index_path}: \"weight_map\" is a {_json_type(weight_map)}, not an object mapping "
+                             f"tensor names to shard files")
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str) or not shard or os.path.isabs(shard):
+                raise ValueError(f"{index_path}: weight_map[{name!r}] is {str(shard)[:80]!r}, not the file name of "
+                                 f"a shard next to the index")
+        self.weight_map = weight_map
         self._opened(index_path)
         self.directory = os.path.dirname(index_path)
         self._shards: Dict[str, _SafetensorsReader] = {}
@@ -73,9 +232,16 @@ class _ShardedSafetensorsReader(_Reader):
     def _shard(self, name):
         path = os.path.join(self.directory, self.weight_map[name])
         if path not in self._shards:
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{self.index_path}: weight_map puts {name!r} in {self.weight_map[name]!r}, "
+                                        f"but {path} does not exist")
             self._shards[path] = _SafetensorsReader(path)
             self._opened(path)
-        return self._shards[path]
+        shard = self._shards[path]
+        if name not in shard.header:
+            raise ValueError(f"{self.index_path}: weight_map puts {name!r} in {path}, which has no such tensor "
+                             f"(it has: {_keys_listing(shard.header)})")
+        return shard
 
     def names(self):
         return list(self.weight_map)
@@ -87,22 +253,159 @@ class _ShardedSafetensorsReader(_Reader):
         return self._shard(name).read(name, n_rows)
 
 
+def _json_type(x) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(x), "number")
+
+
+def _keys_listing(d: dict, limit: int = 12) -> str:
+    keys = [str(k)[:60] for k in d][:limit]
+    return ", ".join(keys) + (f" … ({len(d)} in all)" if len(d) > limit else "") if keys else "none"
+
+
+def read_json(path: str, what: str) -> dict:
+    """A JSON object from `path` (a config.json, tokenizer.json, index): ValueError naming the file
+    when it is not UTF-8, not JSON, or not an object."""
+    size = _file_size(path)
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    if size == 0 or not raw.strip():
+        raise ValueError(f"{path}: empty file: expected {what} (a JSON object)")
+    try:
+        obj = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}): expected {what} (a JSON object)") from exc
+    except (ValueError, RecursionError) as exc:  # json.JSONDecodeError; RecursionError: nested too deep
+        raise _unreadable(path, f"not valid JSON: expected {what}", exc) from exc
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: a JSON {_json_type(obj)}, expected {what} (a JSON object)")
+    return obj
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _check_torch_zip(path: str, size: int) -> None:
+    """A zip checkpoint (torch.save's format since 1.6): its directory parsed, and every record's
+    bytes inside the file."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+    except (MemoryError, FileNotFoundError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - BadZipFile, struct.error, UnicodeDecodeError, ... on a corrupt directory
+        raise _unreadable(path, "truncated or corrupt PyTorch checkpoint (not a readable zip archive)", exc) from exc
+    if not any(i.filename.endswith("/data.pkl") or i.filename == "data.pkl" for i in infos):
+        raise ValueError(f"{path}: a zip archive without data.pkl, not a PyTorch checkpoint")
+    for info in infos:
+        end = info.header_offset + 30 + info.compress_size  # at least: a local header is 30 bytes and a name
+        if end > size:
+            raise ValueError(f"{path}: truncated or corrupt PyTorch checkpoint: record {info.filename!r} claims "
+                             f"{info.compress_size} bytes at offset {info.header_offset}, past the end of the "
+                             f"file ({size} bytes)")
+        if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+            raise ValueError(f"{path}: corrupt PyTorch checkpoint: record {info.filename!r} is stored uncompressed "
+                             f"but claims {info.file_size} bytes for {info.compress_size} on disk")
+        if info.file_size > 1100 * info.compress_size + 1024:  # beyond any deflate ratio: a corrupt size field
+            raise ValueError(f"{path}: corrupt PyTorch checkpoint: record {info.filename!r} claims "
+                             f"{info.file_size} bytes unpacked from {info.compress_size}")
+
+
+_PICKLE_INTS = ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4")  # opcodes that push an int
+
+
+class _Capped:
+    """A binary file whose read(n) never asks for more than what is left (pickletools would
+    allocate the n a corrupt length field claims)."""
+
+    def __init__(self, fh, size: int):
+        self.fh, self.size = fh, size
+
+    def read(self, n: int = -1) -> bytes:
+        left = max(0, self.size - self.fh.tell())
+        return self.fh.read(left if n is None or n < 0 else min(n, left))
+
+    def readline(self) -> bytes:
+        return self.fh.readline()
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+
+def _check_torch_legacy(path: str, size: int) -> None:
+    """A checkpoint in torch.save's legacy format (before 1.6: a few pickles, then the storages):
+    the pickles are walked without running them, and no storage may claim more elements than the
+    file has bytes (torch would allocate it before reading)."""
+    last_int = None
+    with open(path, "rb") as raw:
+        fh = _Capped(raw, size)
+        for _ in range(4):  # magic number, protocol version, system info, the object (storages are persistent ids)
+            if fh.tell() >= size:
+                raise ValueError(f"{path}: truncated PyTorch checkpoint (legacy format): it ends after "
+                                 f"{size} bytes, inside its pickled header")
+            try:
+                for op, arg, _pos in pickletools.genops(fh):
+                    if op.name in _PICKLE_INTS and isinstance(arg, int) and not isinstance(arg, bool):
+                        last_int = arg
+                    elif op.name in ("BINPERSID", "PERSID") and last_int is not None and last_int > size:
+                        raise ValueError(f"{path}: corrupt PyTorch checkpoint (legacy format): a storage claims "
+                                         f"{last_int} elements, the file has {size} bytes")
+                    if op.name == "STOP":
+                        break
+            except ValueError as exc:
+                if str(exc).startswith(f"{path}: "):
+                    raise
+                raise _unreadable(path, "not a PyTorch checkpoint (neither a zip archive nor a readable pickle)",
+                                  exc) from exc
+            except Exception as exc:  # noqa: BLE001 - pickletools raises assorted errors on garbage
+                raise _unreadable(path, "not a PyTorch checkpoint (neither a zip archive nor a readable pickle)",
+                                  exc) from exc
+
+
 class _TorchReader(_Reader):
-    """A .pt/.bin state dict (or a bare tensor), memory-mapped, weights only."""
+    """A .pt/.bin state dict (or a bare tensor), memory-mapped, weights only (a checkpoint that needs
+    any Python object beyond tensors and containers is refused: unpickling it could run code)."""
 
     kind = "pt"
 
     def __init__(self, path: str):
         super().__init__()
+        size = _file_size(path)
+        if size < 4:
+            raise _too_short(path, size, "a PyTorch checkpoint")
+        with open(path, "rb") as fh:
+            is_zip = fh.read(4) == _ZIP_MAGIC
+        (_check_torch_zip if is_zip else _check_torch_legacy)(path, size)
         try:
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError:  # not a zipfile checkpoint: no mmap
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch's note on an unusual pickle protocol: noise beside the error
+                warnings.filterwarnings("ignore", message="Detected pickle protocol")
+                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+        except pickle.UnpicklingError as exc:
+            # torch wraps the weights-only unpickler's own error in a long message; that error says what is wrong
+            inner = exc.__context__ if exc.__context__ is not None else exc
+            detail = " ".join(str(inner).split()) or type(inner).__name__
+            if "WeightsUnpickler error:" in detail:
+                detail = detail.split("WeightsUnpickler error:", 1)[1].strip()
+            detail = detail.split(". Please use", 1)[0].split(" Check the documentation", 1)[0].rstrip(".")
+            if "Unsupported global" in detail or "allowed global" in detail:
+                raise ValueError(
+                    f"{path}: refused: this checkpoint holds pickled Python objects, not only tensors (loading it "
+                    f"could run code; only weights are read): {detail[:160]}. If you trust the file, load it "
+                    f"yourself and save the tensors with torch.save(model.state_dict(), ...) or as safetensors"
+                ) from exc
+            raise ValueError(f"{path}: corrupt PyTorch checkpoint ({detail[:240]})") from exc
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, KeyError, ... on bad files
+            raise _unreadable(path, "truncated or corrupt PyTorch checkpoint", exc) from exc
         self._opened(path)
         if isinstance(obj, torch.Tensor):
             obj = {"": obj}
         if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-            raise TypeError(f"{path} holds a {type(obj).__name__}, not a tensor or a state dict of tensors")
+            raise ValueError(f"{path}: holds a {type(obj).__name__}, not a tensor or a state dict of tensors")
+        if not all(isinstance(k, str) for k in obj):
+            raise ValueError(f"{path}: holds a dict whose keys are not all strings, not a state dict of tensors")
+        self.path = path
         self.tensors = obj
 
     def names(self):
@@ -113,7 +416,52 @@ class _TorchReader(_Reader):
 
     def read(self, name, n_rows=None):
         t = self.tensors[name]
-        return t if n_rows is None else t[:n_rows]
+        if n_rows is None or t.dim() == 0:
+            return t
+        return t[:n_rows]
+
+
+_NPY_KINDS = "biuf"  # bool, signed and unsigned ints, floats: the dtypes torch.from_numpy takes
+
+
+def check_npy(path: str) -> Optional[Tuple[Tuple[int, ...], np.dtype]]:
+    """(shape, dtype) from the header of a .npy file, checked against the file's size: ValueError
+    naming the file when it is truncated, corrupt, not .npy, or holds Python objects (None for a
+    format-3.0 header, left to np.load)."""
+    from numpy.lib import format as npy_format
+
+    size = _file_size(path)
+    if size < 10:
+        raise _too_short(path, size, "a .npy file")
+    with open(path, "rb") as fh:
+        try:
+            version = npy_format.read_magic(fh)
+        except ValueError as exc:
+            raise _unreadable(path, "not a .npy file", exc) from exc
+        read_header = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}.get(version)
+        if read_header is None:
+            return None  # format 3.0 (UTF-8 field names): np.load judges it, mapped (never allocated)
+        try:
+            shape, _fortran, dtype = read_header(fh)
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - ValueError mostly; the header is a Python literal
+            raise _unreadable(path, "corrupt .npy header", exc) from exc
+        offset = fh.tell()
+    if not all(_is_count(s) for s in shape):
+        raise ValueError(f"{path}: corrupt .npy header: shape {shape} is not a tuple of non-negative ints")
+    if dtype.hasobject:
+        raise ValueError(f"{path}: refused: the array holds Python objects (dtype {dtype}), which only pickle can "
+                         f"read (and unpickling could run code); save a numeric array")
+    if dtype.kind not in _NPY_KINDS or dtype.subdtype is not None or dtype.fields is not None:
+        raise ValueError(f"{path}: the array's dtype {dtype} is not a real numeric dtype (bool, int or float)")
+    numel = _bounded_prod(shape)
+    need = None if numel is None else numel * dtype.itemsize
+    if need is None or offset + need > size:
+        raise ValueError(f"{path}: truncated: the header says shape {str(shape)[:80]} of {dtype} "
+                         f"({'over 2**64 bytes' if need is None else f'{need} bytes'} of data), "
+                         f"the file has {size - offset}")
+    return shape, dtype
 
 
 class _NpyReader(_Reader):
@@ -121,7 +469,16 @@ class _NpyReader(_Reader):
 
     def __init__(self, path: str):
         super().__init__()
-        self.array = np.load(path, mmap_mode="r")
+        check_npy(path)  # sizes checked before anything is mapped
+        try:
+            self.array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise _unreadable(path, "not a readable .npy file", exc) from exc
+        if not isinstance(self.array, np.ndarray) or self.array.dtype.kind not in _NPY_KINDS:
+            raise ValueError(f"{path}: not a .npy array of a real numeric dtype")
+        self.path = path
         self._opened(path)
 
     def names(self):
@@ -131,13 +488,177 @@ class _NpyReader(_Reader):
         return tuple(self.array.shape)
 
     def read(self, name, n_rows=None):
-        a = self.array if n_rows is None else self.array[:n_rows]
-        return torch.from_numpy(np.array(a, copy=True))  # out of the read-only memory map
+        a = self.array if n_rows is None or self.array.ndim == 0 else self.array[:n_rows]
+        # out of the read-only memory map, in the machine's byte order (torch takes no other)
+        return torch.from_numpy(np.array(a, dtype=a.dtype.newbyteorder("="), copy=True))
+
+
+# GGUF metadata value types (gguf.GGUFValueType): the fixed sizes of the scalar ones.
+_GGUF_SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY, _GGUF_UINT32 = 8, 9, 4
+_GGUF_MAX_DIMS = 4  # GGML_MAX_DIMS
+_GGUF_MAX_NESTING = 8
+
+
+class _GGUFLayout:
+    """A walk over a GGUF file's header (metadata and tensor infos) with every length, count and
+    offset checked against the file's size before it is used: the `gguf` package trusts them (an
+    array that runs past the end of the file loops for as many elements as it claims)."""
+
+    def __init__(self, path: str, buf, gguf):
+        self.path, self.buf, self.size, self.pos, self.gguf = path, buf, len(buf), 0, gguf
+        self.order = "<"
+
+    def fail(self, what: str) -> ValueError:
+        return ValueError(f"{self.path}: {what}")
+
+    def take(self, n: int, what: str) -> int:
+        left = self.size - self.pos
+        if n > left:
+            raise self.fail(f"truncated or corrupt: {what} at byte {self.pos} needs {n} bytes, the file has {left} "
+                            f"left")
+        start = self.pos
+        self.pos += n
+        return start
+
+    def uint(self, fmt: str, what: str) -> int:
+        return struct.unpack_from(self.order + fmt, self.buf, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str, decode: bool = False) -> Optional[str]:
+        n = self.uint("Q", f"the length of {what}")
+        start = self.take(n, what)
+        if not decode:
+            return None
+        try:
+            return bytes(self.buf[start:start + n]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"corrupt: {what} at byte {start} is not UTF-8 text") from None
+
+    def strings(self, n: int, what: str) -> None:
+        """Skip n strings (a tokenizer's vocabulary: tens of thousands), each length checked."""
+        length, buf, size, pos = struct.Struct(self.order + "Q"), self.buf, self.size, self.pos
+        for i in range(n):
+            end = pos + 8 + (length.unpack_from(buf, pos)[0] if pos + 8 <= size else 0)
+            if pos + 8 > size or end > size:
+                self.pos = pos
+                raise self.fail(f"truncated or corrupt: {what}[{i}] at byte {pos} runs past the end of the file "
+                                f"({size} bytes)")
+            pos = end
+        self.pos = pos
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> None:
+        if vtype in _GGUF_SCALAR_SIZE:
+            self.take(_GGUF_SCALAR_SIZE[vtype], what)
+        elif vtype == _GGUF_STRING:
+            self.string(what)
+        elif vtype == _GGUF_ARRAY:
+            if depth >= _GGUF_MAX_NESTING:
+                raise self.fail(f"corrupt: {what} nests arrays more than {_GGUF_MAX_NESTING} deep")
+            itype = self.uint("I", f"the element type of {what}")
+            n = self.uint("Q", f"the length of {what}")
+            left = self.size - self.pos
+            if itype in _GGUF_SCALAR_SIZE:
+                self.take(n * _GGUF_SCALAR_SIZE[itype], f"{what} ({n} elements)")
+            elif itype in (_GGUF_STRING, _GGUF_ARRAY):
+                least = 8 if itype == _GGUF_STRING else 12  # a string's length; an array's type and length
+                if n * least > left:
+                    raise self.fail(f"truncated or corrupt: {what} claims {n} elements (at least {n * least} bytes) "
+                                    f"at byte {self.pos}, the file has {left} left")
+                if itype == _GGUF_STRING:
+                    self.strings(n, what)
+                else:
+                    for i in range(n):
+                        self.value(itype, f"{what}[{i}]", depth + 1)
+            else:
+                raise self.fail(f"corrupt: {what} has an unknown element type {itype}")
+        else:
+            raise self.fail(f"corrupt: {what} has an unknown value type {vtype}")
+
+    def walk(self) -> None:
+        if bytes(self.buf[:4]) != b"GGUF":
+            raise self.fail(f"not a GGUF file (it starts with {bytes(self.buf[:4])!r}, not b'GGUF')")
+        self.take(4, "the magic")
+        version = self.uint("I", "the version")
+        if version & 0xFFFF == 0:  # written on a big-endian machine
+            self.order = ">"
+            version = struct.unpack(">I", struct.pack("<I", version))[0]
+        if version not in (2, 3):
+            raise self.fail(f"GGUF version {version}: only versions 2 and 3 are read")
+        n_tensors = self.uint("Q", "the tensor count")
+        n_kv = self.uint("Q", "the metadata count")
+        left = self.size - self.pos
+        if n_kv * 13 > left:  # a key's length (8), a value type (4), at least one byte of value
+            raise self.fail(f"truncated or corrupt: the header claims {n_kv} metadata entries, which need at least "
+                            f"{n_kv * 13} bytes; the file has {left} left")
+        alignment = 32
+        keys = set()
+        for i in range(n_kv):
+            key = self.string(f"the key of metadata entry {i}", decode=True)
+            if key in keys:
+                raise self.fail(f"corrupt: metadata key {key!r} appears twice")
+            keys.add(key)
+            vtype = self.uint("I", f"the value type of {key!r}")
+            if key != "general.alignment":
+                self.value(vtype, f"the value of {key!r}")
+                continue
+            if vtype != _GGUF_UINT32:
+                raise self.fail(f"corrupt: general.alignment has value type {vtype}, not uint32")
+            alignment = self.uint("I", "the value of 'general.alignment'")
+            if alignment == 0 or alignment & (alignment - 1):
+                raise self.fail(f"corrupt: general.alignment is {alignment}, not a power of two")
+        left = self.size - self.pos
+        if n_tensors * 32 > left:  # a name's length (8), n_dims (4), a dimension (8), the type (4), the offset (8)
+            raise self.fail(f"truncated or corrupt: the header claims {n_tensors} tensors, which need at least "
+                            f"{n_tensors * 32} bytes; the file has {left} left")
+        Q = self.gguf.GGMLQuantizationType
+        infos, names = [], set()
+        for i in range(n_tensors):
+            name = self.string(f"the name of tensor {i}", decode=True)
+            if name in names:
+                raise self.fail(f"corrupt: tensor {name!r} appears twice")
+            names.add(name)
+            n_dims = self.uint("I", f"the number of dimensions of {name!r}")
+            if not 1 <= n_dims <= _GGUF_MAX_DIMS:
+                raise self.fail(f"corrupt: tensor {name!r} has {n_dims} dimensions (GGUF allows 1 to "
+                                f"{_GGUF_MAX_DIMS})")
+            dims = [self.uint("Q", f"dimension {j} of {name!r}") for j in range(n_dims)]
+            raw_type = self.uint("I", f"the type of {name!r}")
+            offset = self.uint("Q", f"the data offset of {name!r}")
+            try:
+                qtype = Q(raw_type)
+                block, type_size = self.gguf.GGML_QUANT_SIZES[qtype]
+            except (ValueError, KeyError):
+                raise self.fail(f"corrupt: tensor {name!r} has an unknown type {raw_type}") from None
+            if dims[0] % block:
+                raise self.fail(f"corrupt: tensor {name!r} is {qtype.name}, stored in blocks of {block}, but its "
+                                f"rows have {dims[0]} values")
+            numel = _bounded_prod(dims)
+            n_bytes = None if numel is None else numel * type_size // block
+            infos.append((name, dims, qtype, offset, n_bytes))
+        data_start = self.pos + (-self.pos) % alignment
+        for name, dims, qtype, offset, n_bytes in infos:
+            if n_bytes is None or data_start + offset + n_bytes > self.size:
+                claim = "over 2**64 bytes" if n_bytes is None else \
+                    f"bytes {data_start + offset}..{data_start + offset + n_bytes}"
+                raise self.fail(f"truncated: tensor {name!r} ({qtype.name}, shape {list(reversed(dims))}) claims "
+                                f"{claim}, the file has {self.size}")
+
+
+def check_gguf(path: str, gguf=None) -> None:
+    """Check a GGUF file's header against its size (see _GGUFLayout): ValueError naming the file when it is
+    truncated, corrupt or not GGUF."""
+    if gguf is None:
+        import gguf
+    size = _file_size(path)
+    if size < 24:
+        raise _too_short(path, size, "a GGUF file")
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        _GGUFLayout(path, buf, gguf).walk()
 
 
 class _GGUFReader(_Reader):
-    """A GGUF file through the `gguf` package: metadata and tensor headers are parsed, and only the
-    tensor asked for is dequantized."""
+    """A GGUF file through the `gguf` package: metadata and tensor headers are parsed (after a check
+    of every size they claim against the file's), and only the tensor asked for is dequantized."""
 
     kind = "gguf"
 
@@ -148,7 +669,14 @@ class _GGUFReader(_Reader):
         except ImportError:
             raise ImportError("reading GGUF files needs the `gguf` package: `pip install gguf`") from None
         self._gguf = gguf
-        self.reader = gguf.GGUFReader(path)
+        self.path = path
+        check_gguf(path, gguf)
+        try:
+            self.reader = gguf.GGUFReader(path)
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the package raises ValueError, KeyError, IndexError, ...
+            raise _unreadable(path, "corrupt GGUF file", exc) from exc
         self._opened(path)
         self.tensors = {t.name: t for t in self.reader.tensors}
 
@@ -156,9 +684,14 @@ class _GGUFReader(_Reader):
         f = self.reader.fields.get(key)
         if f is None:
             return default
-        if hasattr(f, "contents"):
-            return f.contents()
-        return f.parts[f.data[0]].tolist()[0] if len(f.data) == 1 else [f.parts[i] for i in f.data]
+        try:
+            if hasattr(f, "contents"):
+                return f.contents()
+            return f.parts[f.data[0]].tolist()[0] if len(f.data) == 1 else [f.parts[i] for i in f.data]
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - UnicodeDecodeError, IndexError, ... of a corrupt value
+            raise _unreadable(self.path, f"corrupt GGUF metadata value {key!r}", exc) from exc
 
     def field_length(self, key) -> Optional[int]:
         f = self.reader.fields.get(key)
@@ -172,26 +705,35 @@ class _GGUFReader(_Reader):
         return tuple(int(s) for s in reversed(self.tensors[name].shape.tolist()))
 
     def read(self, name, n_rows=None):
+        try:
+            return self._read(name, n_rows)
+        except (NotImplementedError, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise _unreadable(self.path, f"cannot read tensor {name!r}", exc) from exc
+
+    def _read(self, name, n_rows=None):
         t = self.tensors[name]
         qtype = self._gguf.GGMLQuantizationType(int(t.tensor_type))
         Q = self._gguf.GGMLQuantizationType
-        if qtype in (Q.F32, Q.F16, Q.BF16, Q.F64):  # stored as plain floats: keep the type, no dequantization
-            flat = np.frombuffer(np.ascontiguousarray(t.data).tobytes(),
-                                 dtype={Q.F32: np.float32, Q.F16: np.float16, Q.BF16: np.int16,
-                                        Q.F64: np.float64}[qtype])
+        plain = {Q.F32: np.float32, Q.F16: np.float16, Q.BF16: np.int16, Q.F64: np.float64, Q.I8: np.int8,
+                 Q.I16: np.int16, Q.I32: np.int32, Q.I64: np.int64}
+        if qtype in plain:  # stored as plain numbers: keep the type, no dequantization
+            flat = np.frombuffer(np.ascontiguousarray(t.data).tobytes(), dtype=plain[qtype])
             rows = flat.reshape(self.shape(name))
             rows = np.array(rows if n_rows is None else rows[:n_rows], copy=True)
             out = torch.from_numpy(rows)
             return out.view(torch.bfloat16) if qtype == Q.BF16 else out
         try:
-            values = self._gguf.quants.dequantize(t.data, qtype)
+            with np.errstate(all="ignore"):  # corrupt blocks dequantize to inf/NaN: the values say so
+                values = self._gguf.quants.dequantize(t.data, qtype)
         except (NotImplementedError, KeyError, ValueError) as exc:
             from importlib.metadata import version
 
             raise NotImplementedError(
-                f"GGUF tensor {name!r} is stored as {qtype.name}, which the installed gguf {version('gguf')} cannot "
-                f"dequantize ({exc}); convert the file to another type (for example Q8_0, F16 or F32) with "
-                f"llama.cpp, or load the original safetensors checkpoint"
+                f"{self.path}: GGUF tensor {name!r} is stored as {qtype.name}, which the installed gguf "
+                f"{version('gguf')} cannot dequantize ({exc}); convert the file to another type (for example Q8_0, "
+                f"F16 or F32) with llama.cpp, or load the original safetensors checkpoint"
             ) from None
         values = np.asarray(values).reshape(self.shape(name))
         if n_rows is not None:
