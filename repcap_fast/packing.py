@@ -29,7 +29,9 @@ from .sweep_file import (  # noqa: F401  SWEEP_FORMAT: the format tag of sweep f
     CELL_FIELDS,
     SETTING_KEYS,
     SWEEP_FORMAT,
+    is_sweep_file,
     load_cells,
+    merge_cells,
     part_file,
     part_files,
     read_cells,
@@ -345,7 +347,15 @@ def sweep(
     out = val.check_output_file(out, "out")  # its folder created and writable before any work
     group = distributed.resolve_group(group)
     rank, world = (0, 1) if group is None else distributed.rank_and_world(group)
-    existing = read_cells(out)  # also when not resuming: never overwrite a foreign file
+    if resume:
+        try:
+            existing = read_cells(out)
+        except ValueError as exc:
+            if is_sweep_file(out):  # a torn or corrupted sweep file: say how to start over
+                raise ValueError(f"{exc}; resume=False (repcap sweep --restart) starts {out!r} anew") from None
+            raise
+    elif not is_sweep_file(out):
+        read_cells(out)  # never overwrite a foreign file, even when starting anew ([] when there is none)
     parts = part_files(out)
     if not resume:
         existing = []
@@ -353,8 +363,8 @@ def sweep(
             for path in parts:
                 os.remove(path)
         parts = []
-    for path in parts:
-        existing += read_cells(path)
+    # One record per cell: exact repeats across out and the part files are dropped, conflicts refused.
+    existing = merge_cells([(out, existing)] + [(path, read_cells(path)) for path in parts])
     for cell in existing:
         if not _matches(cell, want):
             raise ValueError(
@@ -400,9 +410,8 @@ def sweep(
         return [done[c] for c in grid]
     distributed.run_on_every_rank("sweep", run_mine, group)  # every rank has finished (or all raise)
     if rank == 0:  # merge the part files into out, then remove them
-        merged = {(c["k"], c["d"]): c for c in (existing if resume else [])}
-        for path in part_files(out):
-            merged.update({(c["k"], c["d"]): c for c in read_cells(path)})
+        merged = {(c["k"], c["d"]): c for c in merge_cells([(out, existing if resume else [])] +
+                                                          [(path, read_cells(path)) for path in part_files(out)])}
         write_cells(out, _grid_order(merged, grid))
         for path in part_files(out):
             os.remove(path)

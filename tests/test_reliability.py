@@ -332,3 +332,41 @@ def test_mean_stays_within_min_and_max_and_equal_cosines_have_zero_std():
     for backend in ("torch", "cpu"):
         s = rf.pairwise_cosine_stats(a, backend=backend)
         assert s.min <= s.mean <= s.max and s.std == 0.0
+
+
+def test_restart_gets_past_a_corrupt_sweep_file_and_resume_says_how(tmp_path):
+    out = tmp_path / "s.json"
+    packing.sweep([6], [3], out, steps=2, progress=False)
+    out.write_text(out.read_text()[:80])  # torn: a kill in the middle of a write by another tool
+    with pytest.raises(ValueError, match=r"starts .* anew"):
+        packing.sweep([6], [3], out, steps=2, progress=False)
+    cells = packing.sweep([6], [3], out, steps=2, resume=False, progress=False)
+    assert packing.load_cells(out) == cells
+    foreign = tmp_path / "notes.json"
+    foreign.write_text('{"mine": 1}')
+    with pytest.raises(ValueError, match="not a repcap_fast sweep file"):
+        packing.sweep([6], [3], foreign, steps=2, resume=False, progress=False)
+    assert foreign.read_text() == '{"mine": 1}'
+
+
+def test_resume_refuses_a_cell_with_two_values_across_files(tmp_path):
+    """A resume kept duplicate (k, d) cells with conflicting ε (the last one read won)."""
+    out = tmp_path / "s.json"
+    cells = packing.sweep([6], [3], out, steps=2, progress=False)
+    other = dict(cells[0], eps_star=cells[0]["eps_star"] + 0.1)
+    from repcap_fast.sweep_file import part_file, write_cells
+
+    write_cells(part_file(str(out), 1), [other])
+    with pytest.raises(ValueError, match=r"the cell \(k=6, d=3\) is in .* and in .*part1 with different values"):
+        packing.sweep([6], [3], out, steps=2, progress=False)
+
+
+def test_fit_on_a_cell_too_large_for_a_float_names_the_file(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    packing.sweep([6, 8, 10], [3, 4], out, steps=2, progress=False)
+    doc = json.loads(out.read_text())
+    doc["cells"][0]["k"] = 10**400
+    out.write_text(json.dumps(doc))
+    assert main(["fit", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("repcap: error: ") and "s.json" in err[0], err
