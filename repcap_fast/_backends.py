@@ -25,7 +25,13 @@ from typing import Callable, Dict, Iterator, NamedTuple, Optional, Tuple
 
 import torch
 
+from . import _validation as val
 from ._version import __version__
+
+
+class BackendUnavailableError(RuntimeError):
+    """The backend asked for cannot run here (not built, Triton missing, no GPU): a setup
+    problem the command line reports in one line, never a bug."""
 
 BACKENDS = ("cuda", "triton", "cpu", "torch")
 BACKEND_ENV = "REPCAP_BACKEND"
@@ -85,7 +91,7 @@ def triton_kernels():
     """The package repcap_fast.triton_kernels (importing it needs triton)."""
     module, err = _triton()
     if module is None:
-        raise RuntimeError(f"triton is not installed ({err}); `pip install triton`")
+        raise BackendUnavailableError(f"triton is not installed ({err}); `pip install triton`")
     return importlib.import_module("repcap_fast.triton_kernels")
 
 
@@ -117,8 +123,8 @@ def kernel_limits() -> KernelLimits:
     """The kernels' limits, as the compiled module exports them."""
     limits = build_info().get("limits")
     if limits is None:
-        raise RuntimeError(f"repcap_fast._C is not built ({_compiled()[1]}), so the kernels are not available. "
-                           f"{_BUILD_HINT}")
+        raise BackendUnavailableError(f"repcap_fast._C is not built ({_compiled()[1]}), so the kernels are not "
+                                      f"available. {_BUILD_HINT}")
     return KernelLimits(**{field: int(limits[field]) for field in KernelLimits._fields})
 
 
@@ -132,7 +138,7 @@ def precision_code(precision: str) -> int:
     """The integer the compiled ops take for `precision` (csrc/kernel_settings.h, exported by _C)."""
     codes = build_info().get("precisions")
     if codes is None:
-        raise RuntimeError(f"repcap_fast._C is not built ({_compiled()[1]}). {_BUILD_HINT}")
+        raise BackendUnavailableError(f"repcap_fast._C is not built ({_compiled()[1]}). {_BUILD_HINT}")
     return int(codes[check_precision(precision)])
 
 
@@ -227,7 +233,7 @@ def resolve_backend(backend: Optional[str], device: torch.device, op: str, use_e
     that is not available here."""
     requested = "auto" if backend is None else backend
     if not isinstance(requested, str):
-        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+        raise val.ArgumentTypeError(f"backend must be a string, got {type(backend).__name__}")
     source = "backend"
     if use_env and requested == "auto" and os.environ.get(BACKEND_ENV):
         requested, source = os.environ[BACKEND_ENV].strip(), BACKEND_ENV
@@ -243,7 +249,7 @@ def resolve_backend(backend: Optional[str], device: torch.device, op: str, use_e
         return "torch"
     reason = _unavailable_reason(requested, device)
     if reason is not None:
-        raise RuntimeError(f"{op}: {source}={requested!r} is not available: {reason}")
+        raise BackendUnavailableError(f"{op}: {source}={requested!r} is not available: {reason}")
     return requested
 
 

@@ -11,6 +11,12 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type: a TypeError, and a ValueError like every other bad-input
+    error (the command line reports both in one line; a bare TypeError is a bug)."""
+
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DTYPE_NAMES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
                "float16": torch.float16}
@@ -25,7 +31,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def check_int(value, name: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:
     """An int (Python or numpy integer, not a bool) in [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     value = int(value)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         bounds = (f"in [{minimum}, {maximum}]" if minimum is not None and maximum is not None
@@ -52,7 +58,7 @@ def check_n_null(n_null) -> int:
 
 def check_bool(value, name: str) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
 
 
@@ -66,7 +72,7 @@ def check_positive_float(value, name: str) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
+        raise ArgumentTypeError(f"{name} must be a number, got {type(value).__name__}") from None
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be finite and > 0, got {value}")
     return value
@@ -98,14 +104,14 @@ def check_dtype(dtype, name: str = "dtype") -> torch.dtype:
             raise ValueError(f"{name} must be one of {tuple(DTYPE_NAMES)}, got {dtype!r}")
         return DTYPE_NAMES[dtype]
     if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be a float dtype, got {dtype!r}")
+        raise ArgumentTypeError(f"{name} must be a float dtype, got {dtype!r}")
     return dtype
 
 
 def check_p(p, maximum: Optional[int] = None) -> int:
     """The penalty exponent p as an int ≥ 1 (≤ maximum); floats must be finite and integral."""
     if isinstance(p, bool):
-        raise TypeError("p must be an integer >= 1, got a bool")
+        raise ArgumentTypeError("p must be an integer >= 1, got a bool")
     if isinstance(p, float):
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
@@ -114,7 +120,7 @@ def check_p(p, maximum: Optional[int] = None) -> int:
     try:
         p = int(p)  # numpy/torch integers
     except (TypeError, ValueError):
-        raise TypeError(f"p must be an integer >= 1, got {type(p).__name__}") from None
+        raise ArgumentTypeError(f"p must be an integer >= 1, got {type(p).__name__}") from None
     if p < 1 or (maximum is not None and p > maximum):
         raise ValueError(f"p must be an integer in [1, {maximum}], got {p}" if maximum is not None
                          else f"p must be an integer >= 1, got {p}")
@@ -124,7 +130,7 @@ def check_p(p, maximum: Optional[int] = None) -> int:
 def check_k(k, d: int) -> int:
     """A subspace dimension 1 ≤ k < d."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
+        raise ArgumentTypeError(f"k must be an int, got {type(k).__name__}")
     if not 1 <= int(k) < d:
         raise ValueError(f"k must satisfy 1 <= k < d = {d}, got k={k}")
     return int(k)
@@ -134,15 +140,15 @@ def as_matrix(x, name: str) -> torch.Tensor:
     """A 2-D floating tensor, non-empty; numpy arrays are converted (without a copy)."""
     if isinstance(x, np.ndarray):
         if not np.issubdtype(x.dtype, np.floating):
-            raise TypeError(f"{name} must have a floating dtype, got numpy {x.dtype}")
+            raise ArgumentTypeError(f"{name} must have a floating dtype, got numpy {x.dtype}")
         x = torch.from_numpy(np.ascontiguousarray(x))
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
     x = x.detach()  # statistics of the values; nn.Parameter and tensors in a graph are fine
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows x d), got shape {tuple(x.shape)}")
     if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+        raise ArgumentTypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
     if x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"{name} is empty: shape {tuple(x.shape)}")
     return x
@@ -156,26 +162,31 @@ def as_rank_keys(x, name: str) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         keys = x.detach().reshape(-1)
         if keys.is_complex():
-            raise TypeError(f"{name} must hold real numbers, got {keys.dtype}")
+            raise ArgumentTypeError(f"{name} must hold real numbers, got {keys.dtype}")
     else:
         try:
             arr = np.asarray(x)
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
+            raise ArgumentTypeError(f"{name} must be an array of real numbers: {exc}") from None
         arr = arr.reshape(-1)
+        if arr.dtype.kind == "f" and not isinstance(x, np.ndarray):
+            given = np.asarray(x, dtype=object).reshape(-1)  # the values as given, before float64 rounding
+            if any(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and abs(int(v)) > 2**53
+                   for v in given.tolist()):
+                arr = given  # ints beyond 2^53 beside floats: compared exactly below
         if arr.dtype.kind in "biu" and arr.dtype != np.uint64 or arr.dtype.kind == "f" and arr.dtype.itemsize <= 8:
             keys = torch.from_numpy(np.ascontiguousarray(arr if arr.dtype.kind != "u" else arr.astype(np.int64)))
         elif arr.dtype.kind in "fuO":  # long double, uint64, Python ints beyond int64, mixed: exact comparisons
             for v in arr.tolist() if arr.dtype.kind == "O" else ():
                 if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-                    raise TypeError(f"{name} must hold real numbers, got {type(v).__name__} {v!r}")
+                    raise ArgumentTypeError(f"{name} must hold real numbers, got {type(v).__name__} {v!r}")
             values = arr.tolist()
             if any(v != v for v in values):
                 raise ValueError(f"{name} contains NaN")
             _, dense = np.unique(np.array(values, dtype=object), return_inverse=True)
             keys = torch.from_numpy(dense.reshape(-1).astype(np.int64))
         else:
-            raise TypeError(f"{name} must hold real numbers, got numpy {arr.dtype}")
+            raise ArgumentTypeError(f"{name} must hold real numbers, got numpy {arr.dtype}")
     if keys.dtype.is_floating_point and bool(torch.isnan(keys).any()):
         raise ValueError(f"{name} contains NaN (at index {int(torch.nonzero(torch.isnan(keys))[0])})")
     if keys.dtype == torch.bool:
@@ -187,7 +198,7 @@ def restrict_rows(x: torch.Tensor, n_rows: Optional[int], name: str, arg: str = 
     if n_rows is None:
         return x
     if isinstance(n_rows, bool) or not isinstance(n_rows, (int, np.integer)):
-        raise TypeError(f"{arg} must be an int, got {type(n_rows).__name__}")
+        raise ArgumentTypeError(f"{arg} must be an int, got {type(n_rows).__name__}")
     if not 1 <= int(n_rows) <= x.shape[0]:
         raise ValueError(f"{arg} must be in [1, {x.shape[0]}] ({name} has {x.shape[0]} rows), got {n_rows}")
     return x[: int(n_rows)]
@@ -204,7 +215,12 @@ def power_of_two_scale(x: torch.Tensor) -> float:
     """2^e ≈ max|x| (1 for a zero x): dividing by it is exact (no rounding) and brings float64
     values of any magnitude, 1e-300 or 1e300, near 1, so products and Gram matrices of x/s
     neither overflow nor underflow. Scale-invariant results (directions, cosines) are unchanged."""
-    largest = float(x.abs().max()) if x.numel() else 0.0
+    largest = 0.0
+    if x.numel():
+        rows = max(1, _NORM_CHUNK_BYTES // (8 * max(1, x[0].numel())))
+        # max|x| chunk by chunk: no copy of all of x (W_U may be V×d at 150k×4096)
+        largest = max(float(torch.stack(torch.aminmax(x[r0 : r0 + rows])).abs().max())
+                      for r0 in range(0, x.shape[0], rows))
     if not math.isfinite(largest):
         raise ValueError("power_of_two_scale: x contains NaN/Inf")
     return 1.0 if largest == 0.0 else math.ldexp(1.0, math.frexp(largest)[1] - 1)  # ≤ max|x|: representable
@@ -348,7 +364,7 @@ def check_output_file(path, name: str, default_suffix: Optional[str] = None) -> 
     try:
         path = os.fspath(path)
     except TypeError:
-        raise TypeError(f"{name} must be a path, got {type(path).__name__}") from None
+        raise ArgumentTypeError(f"{name} must be a path, got {type(path).__name__}") from None
     if not isinstance(path, str) or not path:
         raise ValueError(f"{name} must be a non-empty file path, got {path!r}")
     if default_suffix and not os.path.splitext(path)[1]:
@@ -372,7 +388,7 @@ def check_output_folder(path, name: str) -> str:
     try:
         path = os.fspath(path)
     except TypeError:
-        raise TypeError(f"{name} must be a path, got {type(path).__name__}") from None
+        raise ArgumentTypeError(f"{name} must be a path, got {type(path).__name__}") from None
     if not isinstance(path, str) or not path:
         raise ValueError(f"{name} must be a non-empty folder path, got {path!r}")
     if os.path.exists(path) and not os.path.isdir(path):

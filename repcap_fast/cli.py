@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -16,11 +17,12 @@ import torch
 
 from . import _validation as val
 from . import capacity, distributed, fitting, packing, plotting
-from ._backends import BACKENDS, PRECISIONS, info
+from ._backends import BACKENDS, PRECISIONS, BackendUnavailableError, info
 from ._deprecated import moved_names
 from ._validation import DTYPE_NAMES
 from ._version import __version__
 from .models import DEFAULT_MODEL, load_embeddings
+from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
 from .report import ReportSettings, run_report, run_survey
 
@@ -50,8 +52,12 @@ def _check_device_arg(args) -> None:
 
 
 def _cmd_epsilon(args) -> int:
-    _check_outputs(args, "json", "plot")
     _check_device_arg(args)
+    check_stats_settings(args.device or "cpu", args.bins, zero_rows=args.zero_rows, backend=args.backend,
+                         precision=args.precision)
+    if not math.isfinite(args.k_sigma):
+        raise ValueError(f"--k-sigma must be finite, got {args.k_sigma}")
+    _check_outputs(args, "json", "plot")
     t0 = time.perf_counter()
     emb = load_embeddings(args.source, which=args.which, tensor=args.tensor, n_rows=args.n_rows)
     a = emb.input if args.which == "input" else emb.output
@@ -351,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_fit.add_argument("--json", metavar="PATH", help="write the constants and metrics")
     p_fit.add_argument("--plot", metavar="PATH", help="write PNGs of data against fit (one per form)")
     p_fit.set_defaults(func=_cmd_fit)
+    for command in sub.choices.values():  # --debug also after the command (repcap pack --debug ...)
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the full traceback of an error")
     return parser
 
 
@@ -362,7 +371,7 @@ def main(argv=None) -> int:
     try:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun
             if args.command not in _DISTRIBUTED_COMMANDS:
-                raise RuntimeError(f"`repcap {args.command}` does not run across ranks yet; run it without torchrun "
+                raise ValueError(f"`repcap {args.command}` does not run across ranks yet; run it without torchrun "
                                    f"(across ranks: {', '.join(_DISTRIBUTED_COMMANDS)})")
             started = distributed.init_from_torchrun(getattr(args, "device", None) or "cpu")
             if str(getattr(args, "device", None) or "").startswith("cuda"):  # each rank on its own GPU
@@ -386,15 +395,17 @@ def main(argv=None) -> int:
 
 
 # What a user's input, files or machine can cause: one `repcap: error: …` line and exit code 2
-# (--debug shows the traceback). Anything else is a bug and keeps its traceback.
-_EXPECTED_ERRORS = (ValueError, TypeError, KeyError, OSError, RuntimeError, ImportError, NotImplementedError,
-                    OverflowError)
+# (--debug shows the traceback). Bad-argument TypeErrors and missing-tensor KeyErrors of this
+# package are ValueErrors too. Anything else (a bare TypeError, KeyError, RuntimeError) is a
+# bug and keeps its traceback.
+_EXPECTED_ERRORS = (ValueError, OSError, ImportError, NotImplementedError, OverflowError, BackendUnavailableError,
+                    distributed.RankFailure, packing.PackingDiverged)
 
 
 def _one_line(exc: BaseException) -> str:
     """The error's message on one line (KeyError's repr quotes stripped; an OSError names its
     file)."""
-    if isinstance(exc, KeyError) and len(exc.args) == 1:
+    if isinstance(exc, KeyError) and len(exc.args) == 1:  # MissingTensorError: no quotes
         text = str(exc.args[0])
     elif isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
         text = f"{exc.filename}: {exc.strerror}"

@@ -146,6 +146,10 @@ def sum_across_ranks(tensors: Sequence[torch.Tensor], group) -> List[torch.Tenso
     return out
 
 
+class RankFailure(RuntimeError):
+    """An op failed on some rank; every rank raises this, naming the rank and its error."""
+
+
 def run_on_every_rank(op: str, fn, group):
     """fn() on this rank; then every rank learns whether any rank failed, and all raise the same
     RuntimeError naming the rank and its error (a failure on one rank never leaves the others
@@ -156,7 +160,7 @@ def run_on_every_rank(op: str, fn, group):
         result, status = None, f"{type(exc).__name__}: {exc}"
     failure = _first_failure(_gather(status, group))
     if failure is not None:
-        raise RuntimeError(f"{op} failed on {failure[0]}: {failure[1]}")
+        raise RankFailure(f"{op} failed on {failure[0]}: {failure[1]}")
     return result
 
 
@@ -173,7 +177,7 @@ def init_from_torchrun(device: str = "cpu") -> bool:
         return False
     if str(device).startswith("cuda"):
         if not torch.cuda.is_available():
-            raise RuntimeError(f"--device {device}: this torch has no CUDA device ({torch.__version__})")
+            raise ValueError(f"--device {device}: this torch has no CUDA device ({torch.__version__})")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl")
     else:

@@ -69,7 +69,7 @@ def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str, d:
     val.check_choice(layout, "layout", LAYOUTS)
     W = val.as_matrix(W_U, "W_U") if isinstance(W_U, (torch.Tensor, np.ndarray)) and W_U.ndim == 2 else W_U
     if not isinstance(W, (torch.Tensor, np.ndarray)):
-        raise TypeError(f"W_U must be a torch.Tensor or numpy.ndarray, got {type(W_U).__name__}")
+        raise val.ArgumentTypeError(f"W_U must be a torch.Tensor or numpy.ndarray, got {type(W_U).__name__}")
     shape = tuple(W.shape)
     if len(shape) != 2 or (shape[1] if layout == "hf" else shape[0]) != d:
         expect = "V×d" if layout == "hf" else "d×V"
@@ -187,14 +187,9 @@ def _top_right_singular_vectors(x: torch.Tensor, m: int) -> torch.Tensor:
     return vh[:m].T
 
 
-def center_and_ccr(H, m: int = 1) -> CCRResult:
-    """Subtracts the token mean and removes the top m principal components (CCR-m), in float64.
-
-    The directions are the top-m right singular vectors of the centered H (eigenvectors of HᵀH
-    when d ≤ N, else an SVD; float64); m = 0 only centers. They are found for H/s, s a power of
-    two near max|H| (an exact scaling), so H of any float64 magnitude (1e-200 or 1e200) gives the
-    directions of H; the residual is returned at H's own scale.
-    """
+def center_and_ccr_unscaled(H, m: int = 1) -> Tuple[torch.Tensor, torch.Tensor, float]:
+    """`center_and_ccr` before the residual is scaled back: (residual / s, directions, s), s the
+    power of two near max|H| (the residual of H near float64's maximum stays finite this way)."""
     H = val.finite_matrix(H, "H")
     N, d = H.shape
     if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0:
@@ -206,7 +201,18 @@ def center_and_ccr(H, m: int = 1) -> CCRResult:
     x = x / scale
     x = x - x.mean(dim=0, keepdim=True)
     if m == 0:
-        return CCRResult(x * scale, x.new_zeros(0, d))
+        return x, x.new_zeros(0, d), scale
     removed = _fix_signs(_top_right_singular_vectors(x, m)).T.contiguous()
-    x = x - (x @ removed.T) @ removed
+    return x - (x @ removed.T) @ removed, removed, scale
+
+
+def center_and_ccr(H, m: int = 1) -> CCRResult:
+    """Subtracts the token mean and removes the top m principal components (CCR-m), in float64.
+
+    The directions are the top-m right singular vectors of the centered H (eigenvectors of HᵀH
+    when d ≤ N, else an SVD; float64); m = 0 only centers. They are found for H/s, s a power of
+    two near max|H| (an exact scaling), so H of any float64 magnitude (1e-200 or 1e200) gives the
+    directions of H; the residual is returned at H's own scale.
+    """
+    x, removed, scale = center_and_ccr_unscaled(H, m)
     return CCRResult(x * scale, removed)

@@ -198,6 +198,10 @@ def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision) -> _
                 device, dtype, backend, check_precision(precision))
 
 
+class PackingDiverged(RuntimeError):
+    """The optimizer's vectors became NaN/Inf (too large an lr for the dtype, or a dtype too narrow)."""
+
+
 def _step_loss(X: torch.Tensor, run: _Run, step: int) -> torch.Tensor:
     """The penalty of one step; vectors that became NaN/Inf are reported as the optimizer's
     divergence (with the step and the settings), not as a bad input."""
@@ -207,7 +211,7 @@ def _step_loss(X: torch.Tensor, run: _Run, step: int) -> torch.Tensor:
     except ValueError as exc:
         if "NaN/Inf" not in str(exc) or step == 0:
             raise
-        raise RuntimeError(f"packing diverged at step {step}: the vectors became NaN/Inf ({run.dtype}, lr={run.lr}, "
+        raise PackingDiverged(f"packing diverged at step {step}: the vectors became NaN/Inf ({run.dtype}, lr={run.lr}, "
                            f"p={run.p}); try a smaller lr or float32/float64") from exc
 
 

@@ -65,13 +65,13 @@ def _check_profile(hidden_states_by_layer, W_U, basis, k, layout, ccrs, seed, n_
     if isinstance(hidden_states_by_layer, Mapping):  # e.g. repcap_fast.models.hidden_states(...)
         labels, layers = list(hidden_states_by_layer.keys()), list(hidden_states_by_layer.values())
     elif isinstance(hidden_states_by_layer, (torch.Tensor, np.ndarray)) and hidden_states_by_layer.ndim == 2:
-        raise TypeError("hidden_states_by_layer must be a sequence (or a mapping) of N×d matrices, one per layer, "
-                        "got one matrix: pass [H] for one layer, or use subspace_pga")
+        raise val.ArgumentTypeError("hidden_states_by_layer must be a sequence (or a mapping) of N×d matrices, one "
+                                    "per layer, got one matrix: pass [H] for one layer, or use subspace_pga")
     else:
         try:
             layers = list(hidden_states_by_layer)
         except TypeError:
-            raise TypeError("hidden_states_by_layer must be a sequence (or a mapping) of N×d matrices, got "
+            raise val.ArgumentTypeError("hidden_states_by_layer must be a sequence (or a mapping) of N×d matrices, got "
                             f"{type(hidden_states_by_layer).__name__}") from None
         labels = list(range(len(layers)))
     if not layers:

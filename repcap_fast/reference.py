@@ -160,13 +160,14 @@ def gram_offdiag_max_reference(X: torch.Tensor, normalize: bool = True) -> float
 def condensed_cosine_distances(x: torch.Tensor, name: str = "H") -> torch.Tensor:
     """Cosine distances 1 − cos(x_i, x_j) of the rows of x for i<j in SciPy's condensed order,
     clamped to [0, 2] as scipy's pdist does (duplicate tokens give exactly 0, not −2e-16), in
-    x's dtype. Materializes N(N−1)/2 values. Zero rows are an error (their cosine is undefined)."""
-    norms = torch.linalg.vector_norm(x, dim=1)
+    x's dtype. Materializes N(N−1)/2 values. Zero rows are an error (their cosine is undefined).
+    Rows of any finite scale are directions (`_validation.unit_rows`: no overflow or underflow)."""
+    norms = val.row_norms(x, name)
     zero = norms == 0
     if bool(zero.any()):
         idx = torch.nonzero(zero).flatten()[:10].tolist()
         raise ValueError(f"{name} has {int(zero.sum())} zero-norm rows (rows {idx}); cosine distance is undefined")
-    u = x / norms[:, None]
+    u = val.unit_rows(x, x.dtype, norms, name)
     n = u.shape[0]
     iu = torch.triu_indices(n, n, 1, device=u.device)
     return (1.0 - (u @ u.T)[iu[0], iu[1]]).clamp_(0.0, 2.0).contiguous()

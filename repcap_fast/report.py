@@ -41,8 +41,10 @@ from .models import (
     layer_count,
     load_embeddings,
     read_texts,
+    resolve_source,
     runnable,
 )
+from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
 from .pga import pga_profile
 from .spectral import spectral_metrics
@@ -227,8 +229,9 @@ class ReportSettings:
         if not math.isfinite(float(self.k_sigma)):
             raise ValueError(f"k_sigma must be finite, got {self.k_sigma}")
         device = val.check_device(self.device)
-        for op in ("pairwise_cosine_stats", "subspace_pga"):
-            resolve_backend(self.backend, device, op)
+        check_stats_settings(device, self.bins, zero_rows=self.zero_rows, backend=self.backend,
+                             precision=self.precision)
+        resolve_backend(self.backend, device, "subspace_pga")
         object.__setattr__(self, "device", str(self.device))
         if isinstance(self.layers, np.integer):
             object.__setattr__(self, "layers", int(self.layers))
@@ -389,8 +392,8 @@ def _with_legacy(settings: ReportSettings, legacy: Dict) -> ReportSettings:
         return settings
     unknown = sorted(set(legacy) - _SETTING_NAMES)
     if unknown:
-        raise TypeError(f"run_report() got unexpected keyword arguments {unknown}; settings go in a ReportSettings "
-                        f"({sorted(_SETTING_NAMES)})")
+        raise val.ArgumentTypeError(f"run_report() got unexpected keyword arguments {unknown}; settings go in a "
+                                    f"ReportSettings ({sorted(_SETTING_NAMES)})")
     warnings.warn("run_report(..., name=value) is deprecated; pass settings=ReportSettings(name=value)",
                   DeprecationWarning, stacklevel=3)
     if legacy.get("jsonl_key", "text") is None:
@@ -489,6 +492,12 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
     plot of ε against d_model. Writes OUT/survey.json, OUT/survey.md and OUT/epsilon_vs_d.png."""
     if not sources:
         raise ValueError("survey needs at least one SOURCE")
+    # every argument and every source checked before the first model loads
+    check_stats_settings(val.check_device(device), bins, zero_rows=zero_rows, backend=backend)
+    if not math.isfinite(float(k_sigma)):
+        raise ValueError(f"k_sigma must be finite, got {k_sigma}")
+    for source in sources:
+        resolve_source(source)
     out = val.check_output_folder(out, "out")
     rows = []
     for source in sources:

@@ -14,12 +14,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Property-based tests and fuzz targets (hypothesis): a fixed, derandomized profile so CI is
 # reproducible, sized for about 60 s in all. REPCAP_HYPOTHESIS_SCALE=10 runs 10x the examples
-# (a local fuzzing round); the examples stay derandomized unless REPCAP_HYPOTHESIS_SEED is set.
+# (a local fuzzing round); REPCAP_HYPOTHESIS_RANDOM=1 draws fresh examples (hypothesis prints the
+# seed to replay a failure with --hypothesis-seed).
 try:
     from hypothesis import HealthCheck, settings
 
     settings.register_profile(
-        "repcap", derandomize="REPCAP_HYPOTHESIS_SEED" not in os.environ, deadline=None, print_blob=True,
+        "repcap", derandomize=os.environ.get("REPCAP_HYPOTHESIS_RANDOM") != "1", deadline=None, print_blob=True,
         database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
     settings.load_profile("repcap")
 except ImportError:  # the property tests skip themselves without hypothesis

@@ -301,7 +301,7 @@ def test_run_report_checks_its_folder_before_loading(tmp_path, monkeypatch):
 def test_pga_torch_reference_refuses_what_cannot_fit(monkeypatch):
     """The torch reference materializes N×N float64: refused with the size, before any work."""
     monkeypatch.setattr(pga_op, "_memory_budget", lambda dev: 1 << 20)
-    monkeypatch.setattr(pga_op, "center_and_ccr", lambda *a: pytest.fail("work started before the check"))
+    monkeypatch.setattr(pga_op, "center_and_ccr_unscaled", lambda *a: pytest.fail("work started before the check"))
     with pytest.raises(ValueError, match=r"N=1000 tokens: the torch reference materializes .* GiB"):
         pga.subspace_pga(torch.randn(1000, 4), torch.randn(10, 4), k=2, n_null=2, backend="torch")
 
@@ -315,14 +315,18 @@ def test_penalty_p_limit_holds_on_the_kernels_and_not_on_the_reference():
     assert math.isfinite(float(rf.gram_offdiag_penalty(X, p=2**30 + 1, backend="torch")))
 
 
-def test_a_gradient_beyond_the_input_dtype_is_an_error_not_inf():
-    """float16 X, normalize=False, p = 5: the loss fits but ∂L/∂x (7e4) does not; it came back as
-    −inf in X.grad."""
-    X = torch.tensor([[-1.58], [-4.07]], dtype=torch.float16).requires_grad_(True)
-    loss = rf.gram_offdiag_penalty(X, p=5, normalize=False)
-    assert math.isfinite(float(loss.detach()))
-    with pytest.raises(ValueError, match="overflows torch.float16, X's dtype"):
-        loss.backward()
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_a_gradient_beyond_the_input_dtype_overflows_exactly_where_float64_does(backend):
+    """float16 X, normalize=False, p = 5: the loss fits, ∂L/∂x (7e4) does not fit float16. As for
+    float32 (test_tiny_rows_normalize_exactly), the gradient is ±inf exactly where the float64
+    gradient is beyond the dtype's range, with the right sign, and finite elsewhere (README)."""
+    X = torch.tensor([[-1.58], [-4.07], [0.01]], dtype=torch.float16).requires_grad_(True)
+    rf.gram_offdiag_penalty(X, p=5, normalize=False, backend=backend).backward()
+    X64 = X.detach().double().requires_grad_(True)
+    rf.gram_offdiag_penalty(X64, p=5, normalize=False, backend="torch").backward()
+    beyond = X64.grad.abs() > torch.finfo(torch.float16).max
+    assert bool(beyond.any()) and torch.equal(torch.isinf(X.grad), beyond)
+    assert torch.equal(torch.sign(X.grad[beyond]).double(), torch.sign(X64.grad[beyond]))
 
 
 def test_mean_stays_within_min_and_max_and_equal_cosines_have_zero_std():
@@ -370,3 +374,62 @@ def test_fit_on_a_cell_too_large_for_a_float_names_the_file(tmp_path, capsys):
     assert main(["fit", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("repcap: error: ") and "s.json" in err[0], err
+
+
+class _RunsACommand:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_that_would_run_a_command_is_refused_and_never_run(tmp_path):
+    """A .pt whose pickle calls os.system: torch names the module as blocked; the reader said
+    "corrupt" instead of saying why it refuses, and it must never run the command."""
+    from repcap_fast.models import load_embeddings
+
+    marker = tmp_path / "ran"
+    torch.save({"w": _RunsACommand(marker)}, tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match=r"evil\.pt: refused: this checkpoint holds pickled Python objects"):
+        load_embeddings(str(tmp_path / "evil.pt"))
+    assert not marker.exists()
+
+
+def test_a_nearly_rank_one_residual_is_computed_and_flagged_only_where_float32_cannot_resolve_it():
+    """Tokens ±(1 to 2)·v + 1e-4·noise: not rank 1 (float64 gives a z, as the torch reference does), but
+    below what float32 distances resolve: the float32 kernel computes and says so; it returned NaN
+    as if the residual were exactly rank 1."""
+    g = torch.Generator().manual_seed(7)
+    v = torch.randn(16, generator=g, dtype=torch.float64)
+    a = (1 + torch.rand(60, 1, generator=g, dtype=torch.float64)) * torch.tensor([1.0, -1.0]).repeat(30)[:, None]
+    H = a * v + 1e-4 * torch.randn(60, 16, generator=g, dtype=torch.float64)
+    W = torch.randn(40, 16, generator=g, dtype=torch.float64)
+    ref = pga.subspace_pga(H, W, k=4, n_null=5, ccr=0, backend="torch")
+    f64 = pga.subspace_pga(H, W, k=4, n_null=5, ccr=0, backend="cpu")
+    assert ref.warnings == [] and f64.warnings == [] and math.isfinite(ref.z)
+    assert f64.z == pytest.approx(ref.z, abs=1e-8)
+    with pytest.warns(pga.DegenerateInputWarning, match="nearly rank-1 residual"):
+        f32 = pga.subspace_pga(H.float(), W.float(), k=4, n_null=5, ccr=0, backend="cpu")
+    assert not math.isnan(f32.rho_readout)
+
+
+def test_pga_of_h_near_the_float64_maximum():
+    """The residual was scaled back to H's magnitude and overflowed: "H contains 3 NaN/Inf"."""
+    g = torch.Generator().manual_seed(8)
+    H, W = torch.randn(30, 6, generator=g, dtype=torch.float64), torch.randn(20, 6, generator=g, dtype=torch.float64)
+    want = pga.subspace_pga(H, W, k=2, n_null=4, backend="torch")
+    got = pga.subspace_pga(H / H.abs().max() * 8e307, W, k=2, n_null=4, backend="torch")
+    assert got.z == pytest.approx(want.z, abs=1e-9)
+
+
+def test_cross_model_agreement_does_not_depend_on_scale():
+    """H × 1e200 gave NaN and H × 1e-200 was refused as zero rows."""
+    g = torch.Generator().manual_seed(9)
+    H = torch.randn(25, 6, generator=g, dtype=torch.float64)
+    basis = torch.linalg.qr(torch.randn(6, 2, generator=g, dtype=torch.float64))[0]
+    want = pga.cross_model_agreement(H, H, basis, basis, n_null=3)
+    for scale in (1e200, 1e-200):
+        got = pga.cross_model_agreement(H * scale, H, basis, basis, n_null=3)
+        assert got["readout"] == pytest.approx(want["readout"], abs=1e-12)
+        assert got["full"] == pytest.approx(1.0)

@@ -193,7 +193,7 @@ def test_report_checks_arguments_before_the_heavy_work(tmp_path):
 
 @pytest.mark.slow
 @needs_minilm
-def test_report_on_a_base_model_without_head_and_on_pytorch_bin(tmp_path):
+def test_report_on_a_base_model_without_head_and_on_pytorch_bin(tmp_path, monkeypatch):
     from transformers import GPTNeoXConfig, GPTNeoXModel
 
     model = _tiny_untied_neox(tmp_path / "full")
@@ -213,11 +213,21 @@ def test_report_on_a_base_model_without_head_and_on_pytorch_bin(tmp_path):
     torch.save(model.state_dict(), bin_dir / "pytorch_model.bin")
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(tmp_path / "full" / name, bin_dir / name)
+    real_profile = rf.report.pga_profile
+
+    def flagged_profile(*args, **kwargs):  # a degenerate-input warning on layer 1 reaches the report
+        out = real_profile(*args, **kwargs)
+        out[1][1].warnings.append("duplicated tokens: (planted by the test)")
+        return out
+
+    monkeypatch.setattr(rf.report, "pga_profile", flagged_profile)
     doc = rf.report.run_report(str(bin_dir), str(tmp_path / "o2"), ReportSettings(n_tokens=200, k=8, n_null=5,
                                                                                    ccrs=(1,)),
                                progress=False, log=lambda *a: None)
     assert doc["model"]["kind"] == "pt" and doc["model"]["tied"] is False
     assert len(doc["pga"]["profile"]["1"]) == 3 and doc["hidden_states"]["n_tokens"] == 200
+    assert [row["warnings"] for row in doc["pga"]["profile"]["1"]][1] == ["duplicated tokens: (planted by the test)"]
+    assert "- layer 1, CCR-1: duplicated tokens: (planted by the test)" in (tmp_path / "o2" / "report.md").read_text()
 
 
 def test_report_and_survey_drop_zero_rows_when_asked(tmp_path, capsys):

@@ -173,7 +173,7 @@ def test_too_many_tokens_for_the_kernels_is_refused_before_any_work(monkeypatch)
     """The kernels' token limit (from the compiled module) is checked before centering, CCR or
     any O(N²) allocation; the torch reference has no such limit."""
     limit = rf.info()["limits"]["pga_tokens"]
-    monkeypatch.setattr(op, "center_and_ccr", lambda *a: pytest.fail("work started before the limit check"))
+    monkeypatch.setattr(op, "center_and_ccr_unscaled", lambda *a: pytest.fail("work started before the limit check"))
     h = torch.empty(limit + 1, 4).normal_()
     with pytest.raises(ValueError, match=f"at most {limit}"):
         pga.subspace_pga(h, torch.randn(10, 4), k=2, backend="cpu")

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .readers import _GGUFReader, _NpyReader, _Reader, _TorchReader, open_reader, read_json
+from .readers import MissingTensorError, _GGUFReader, _NpyReader, _Reader, _TorchReader, open_reader, read_json
 from .sources import ResolvedSource, resolve_source
 
 
@@ -47,14 +47,6 @@ _TIE_DEFAULTS = {"llama": False, "mistral": False, "mixtral": False, "qwen2": Fa
                  "qwen3": False, "qwen3_moe": False, "gemma": True, "gemma2": True, "gemma3_text": True,
                  "phi": False, "phi3": False, "gpt2": True, "gpt_neox": False, "bert": True, "roberta": True,
                  "opt": True, "falcon": True}
-
-
-class MissingTensorError(KeyError, ValueError):
-    """The checkpoint lacks the tensor asked for (or any embedding tensor this table knows). A
-    KeyError as before, and a ValueError like every other bad-input error of the readers."""
-
-    def __str__(self):  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
 
 
 class NoUnembeddingError(KeyError, ValueError):

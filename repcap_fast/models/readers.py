@@ -26,6 +26,14 @@ import torch
 from .sources import ResolvedSource
 
 
+class MissingTensorError(KeyError, ValueError):
+    """The checkpoint lacks the tensor asked for (or any embedding tensor this table knows). A
+    KeyError as before, and a ValueError like every other bad-input error of the readers."""
+
+    def __str__(self):  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 def _why(exc: BaseException, limit: int = 240) -> str:
     """An exception as one short line: its type and the first line of its message."""
     text = str(exc).strip().splitlines()
@@ -185,7 +193,7 @@ class _SafetensorsReader(_Reader):
 
     def _check_name(self, name):
         if name not in self.header:
-            raise KeyError(f"{self.path} has no tensor {name!r}")
+            raise MissingTensorError(f"{self.path} has no tensor {name!r}")
 
     def shape(self, name):
         self._check_name(name)
@@ -387,7 +395,7 @@ class _TorchReader(_Reader):
             if "WeightsUnpickler error:" in detail:
                 detail = detail.split("WeightsUnpickler error:", 1)[1].strip()
             detail = detail.split(". Please use", 1)[0].split(" Check the documentation", 1)[0].rstrip(".")
-            if "Unsupported global" in detail or "allowed global" in detail:
+            if "Unsupported global" in detail or "allowed global" in detail or "unsupported GLOBAL" in detail:
                 raise ValueError(
                     f"{path}: refused: this checkpoint holds pickled Python objects, not only tensors (loading it "
                     f"could run code; only weights are read): {detail[:160]}. If you trust the file, load it "

@@ -244,12 +244,23 @@ class _Inputs:
                 "precision": self.precision, "zero_rows": self.zero_rows}
 
 
-def _check_inputs(A, B, bins, value_range, zero_rows, n_rows, backend, precision) -> _Inputs:
+def check_settings(device, bins, value_range=(-1.0, 1.0), zero_rows: str = "error", backend="auto",
+                   precision: str = "highest") -> Tuple[str, int, float, float]:
+    """Everything about a call on tensors on `device` that needs no pass over the matrices: the
+    precision, the backend (resolved), bins against its limit, the range, the zero-rows policy.
+    Returns (backend, bins, lo, hi). Callers that load the matrices first (the CLI, reports)
+    run it before loading."""
     check_precision(precision)
-    a = val.as_matrix(A, "A")  # once: a non-contiguous numpy array is copied here
-    name = resolve_backend(backend, a.device, "pairwise_cosine_stats")
+    val.check_choice(zero_rows, "zero_rows", ("error", "drop"))
+    name = resolve_backend(backend, torch.device(device), "pairwise_cosine_stats")
     max_bins = None if name == "torch" else kernel_limits().histogram_bins
     bins, lo, hi = val.check_histogram(bins, value_range, max_bins)
+    return name, bins, lo, hi
+
+
+def _check_inputs(A, B, bins, value_range, zero_rows, n_rows, backend, precision) -> _Inputs:
+    a = val.as_matrix(A, "A")  # once: a non-contiguous numpy array is copied here
+    name, bins, lo, hi = check_settings(a.device, bins, value_range, zero_rows, backend, precision)
     return _Inputs(check_operands(a, B, zero_rows, n_rows), bins, lo, hi, name, precision, zero_rows)
 
 

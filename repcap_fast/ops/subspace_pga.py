@@ -45,7 +45,7 @@ from .._backends import (
     triton_kernels,
 )
 from .._progress import progress_bar
-from ..geometry import center_and_ccr, grassmann_bases, readout_subspace
+from ..geometry import center_and_ccr_unscaled, grassmann_bases, readout_subspace
 from ..reference import subspace_rhos_reference
 
 METHODS = ("exact", "stream")
@@ -187,20 +187,30 @@ def _compute_dtype(backend: str, method: str, dtype: torch.dtype) -> torch.dtype
 
 
 def _degeneracy_warnings(u: torch.Tensor, ccr: int, dtype: torch.dtype) -> List[str]:
-    """What makes PGA on the unit rows u (float64, the centered, CCR'd tokens) degenerate when
-    distances are computed in `dtype`: rank ≤ 1 (every row ± one direction, to 64 ulp of dtype:
-    beyond what its distances resolve) and duplicated rows."""
+    """What makes PGA on the unit rows u (float64, the centered, CCR'd tokens) degenerate when its
+    distances are computed in `dtype`: rank ≤ 1 in float64 (every row ± one direction to 64 ulp:
+    what CCR leaves of an exactly rank-1 residual; z is then undefined), rank ≤ 1 to the
+    resolution of float32 distances (computed, with a warning), and duplicated rows."""
     out = []
-    pivot = u[0]
-    if bool(((u @ pivot).abs() >= 1.0 - 64 * torch.finfo(dtype).eps).all()):
+    parallel = 1.0 - (u @ u[0]).abs().min()  # 0 when every row is ± the first
+    if parallel <= 64 * torch.finfo(torch.float64).eps:
         out.append(f"rank-1 residual: after centering and CCR-{ccr} every token lies on one line, so every "
                    "cosine distance is 0 or 2 and rounding alone orders them; z and the ρ's are undefined (NaN). "
                    "Use a smaller ccr or more tokens.")
         return out
-    n_unique = int(torch.unique(u, dim=0).shape[0])
-    if n_unique < u.shape[0]:
-        out.append(f"duplicated tokens: {u.shape[0] - n_unique} of {u.shape[0]} tokens repeat another token's "
-                   "hidden state; their pairs tie at distance 0 in every subspace (average ranks).")
+    if dtype != torch.float64 and parallel <= 64 * torch.finfo(dtype).eps:
+        out.append(f"nearly rank-1 residual: after centering and CCR-{ccr} every token lies within "
+                   f"{float(parallel):.1e} (in 1 − |cos|) of one line, below what {str(dtype)[6:]} distances "
+                   "resolve; pass float64 H (or backend='torch') for a z that rounding does not decide.")
+    # Duplicates: equal rows have equal keys u·r; rows next to each other in key order are then
+    # compared exactly (O(N·d) and N keys, no sort of the rows themselves).
+    r = torch.randn(u.shape[1], dtype=u.dtype, generator=torch.Generator().manual_seed(0)).to(u.device)
+    keys, order = torch.sort(u @ r)
+    same = torch.nonzero(keys[1:] == keys[:-1]).flatten()
+    n_dup = int((u[order[same]] == u[order[same + 1]]).all(dim=1).sum()) if same.numel() else 0
+    if n_dup:
+        out.append(f"duplicated tokens: {n_dup} of {u.shape[0]} tokens repeat another token's hidden state; their "
+                   "pairs tie at distance 0 in every subspace (average ranks).")
     return out
 
 
@@ -208,9 +218,10 @@ def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, 
     H = val.as_matrix(H, "H")  # NaN/Inf: center_and_ccr checks
     N, d = H.shape
     s = check_settings(N, d, H.device, n_null, ccr, seed, method, backend, precision, batch)
+    H = val.finite_matrix(H, "H")  # before the readout's O(V·d²) work
     readout = readout_subspace(W_U, basis, k, layout, d)
-    x, _ = center_and_ccr(H, s.ccr)
-    norms = val.row_norms(x, "H")  # float64 without overflow or underflow, whatever H's scale
+    x, _, _ = center_and_ccr_unscaled(H, s.ccr)  # x = residual / 2^e: never overflows, whatever H's scale
+    norms = val.row_norms(x, "H")
     zero = norms == 0
     if bool(zero.any()):
         raise ValueError(f"H has {int(zero.sum())} zero-norm rows after centering and CCR-{s.ccr} (an all-constant "
