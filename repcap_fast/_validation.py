@@ -357,16 +357,21 @@ def _probe_writable(folder: str, name: str, shown: str) -> None:
         raise ValueError(f"{name} {shown!r}: cannot write in {folder!r} ({exc.strerror or exc})") from None
 
 
-def check_output_file(path, name: str, default_suffix: Optional[str] = None) -> str:
-    """An output file path, checked before any work: its parent folders are created, the folder
-    must be writable, and the path must not be a folder. With `default_suffix` (".png"), a path
-    without a suffix gets it (the name that will really be written). Returns the path."""
+def _as_path(path, name: str, what: str) -> str:
     try:
         path = os.fspath(path)
     except TypeError:
         raise ArgumentTypeError(f"{name} must be a path, got {type(path).__name__}") from None
     if not isinstance(path, str) or not path:
-        raise ValueError(f"{name} must be a non-empty file path, got {path!r}")
+        raise ValueError(f"{name} must be a non-empty {what} path, got {path!r}")
+    return path
+
+
+def check_output_file(path, name: str, default_suffix: Optional[str] = None) -> str:
+    """An output file path, checked before any work: its parent folders are created, the folder
+    must be writable, and the path must not be a folder. With `default_suffix` (".png"), a path
+    without a suffix gets it (the name that will really be written). Returns the path."""
+    path = _as_path(path, name, "file")
     if default_suffix and not os.path.splitext(path)[1]:
         path += default_suffix
     if os.path.isdir(path) or path.endswith(os.sep):
@@ -385,12 +390,7 @@ def check_output_file(path, name: str, default_suffix: Optional[str] = None) -> 
 def check_output_folder(path, name: str) -> str:
     """An output folder, checked before any work: created (with its parents) and writable; an
     existing file there is an error. Returns the path."""
-    try:
-        path = os.fspath(path)
-    except TypeError:
-        raise ArgumentTypeError(f"{name} must be a path, got {type(path).__name__}") from None
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"{name} must be a non-empty folder path, got {path!r}")
+    path = _as_path(path, name, "folder")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{name} {path!r} is a file; give a folder")
     try:
