@@ -161,13 +161,17 @@ def condensed_cosine_distances(x: torch.Tensor, name: str = "H") -> torch.Tensor
     """Cosine distances 1 − cos(x_i, x_j) of the rows of x for i<j in SciPy's condensed order,
     clamped to [0, 2] as scipy's pdist does (duplicate tokens give exactly 0, not −2e-16), in
     x's dtype. Materializes N(N−1)/2 values. Zero rows are an error (their cosine is undefined).
-    Rows of any finite scale are directions (`_validation.unit_rows`: no overflow or underflow)."""
-    norms = val.row_norms(x, name)
+    Rows of any finite scale are directions: norms that underflow or overflow (below 1e-150 or
+    not finite) are taken with `_validation.unit_rows` instead of the plain x/‖x‖."""
+    norms = torch.linalg.vector_norm(x, dim=1)
+    extreme = ~torch.isfinite(norms) | (norms < 1e-150)
+    if bool(extreme.any()):
+        norms = val.row_norms(x, name)
     zero = norms == 0
     if bool(zero.any()):
         idx = torch.nonzero(zero).flatten()[:10].tolist()
         raise ValueError(f"{name} has {int(zero.sum())} zero-norm rows (rows {idx}); cosine distance is undefined")
-    u = val.unit_rows(x, x.dtype, norms, name)
+    u = val.unit_rows(x, x.dtype, norms, name) if bool(extreme.any()) else x / norms[:, None]
     n = u.shape[0]
     iu = torch.triu_indices(n, n, 1, device=u.device)
     return (1.0 - (u @ u.T)[iu[0], iu[1]]).clamp_(0.0, 2.0).contiguous()

@@ -252,7 +252,7 @@ def test_not_distributed_by_default_and_digest():
 
 def test_a_failing_rank_stops_every_rank_with_its_error(results):
     for got in results(2)["pga_fail"]:
-        assert got["error"].startswith("RuntimeError: subspace_pga failed on rank 1 of 2: MemoryError: simulated")
+        assert got["error"].startswith("RankFailure: subspace_pga failed on rank 1 of 2: MemoryError: simulated")
 
 
 def test_torchrun_epsilon_prints_once_and_matches_one_process(tmp_path):
