@@ -14,8 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Property-based tests and fuzz targets (hypothesis): a fixed, derandomized profile so CI is
 # reproducible, sized for about 60 s in all. REPCAP_HYPOTHESIS_SCALE=10 runs 10x the examples
-# (a local fuzzing round); REPCAP_HYPOTHESIS_RANDOM=1 draws fresh examples (hypothesis prints the
-# seed to replay a failure with --hypothesis-seed).
+# (a local fuzzing round); REPCAP_HYPOTHESIS_RANDOM=1 draws fresh examples (a failure prints the
+# @reproduce_failure line that replays it: print_blob).
 try:
     from hypothesis import HealthCheck, settings
 
