@@ -4,6 +4,8 @@ comparisons. (Fixtures live in conftest.py; this module holds plain functions.)"
 import importlib.util
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -202,3 +204,23 @@ def planted(seed=0, n=120, d=64, k=8, dominant=0.0):
     if dominant:
         h = h + dominant * r.standard_normal((n, 1)) * u[None, :]
     return torch.from_numpy(h), torch.from_numpy(w)
+
+
+_HWM = """
+import torch, repcap_fast as rf
+def hwm():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM'):
+            return int(line.split()[1]) * 1024
+"""
+
+
+def extra_peak_bytes(setup: str, measured: str) -> int:
+    """The peak resident memory (VmHWM) that `measured` adds in a fresh Python process (torch and
+    repcap_fast imported as rf) after `setup` has run (and warmed up the op); 2 threads."""
+    code = (_HWM + setup + "\nopen('/proc/self/clear_refs', 'w').write('5')\nbase = hwm()\n" + measured
+            + "\nprint(hwm() - base)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.strip().splitlines()[-1])

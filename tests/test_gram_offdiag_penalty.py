@@ -2,9 +2,6 @@
 reference (the paper's formulation with autograd); the row-block form, the per-row statistics, ε*."""
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,6 +14,7 @@ from repcap_fast.reference import gram_offdiag_max_reference, gram_offdiag_penal
 from _helpers import (
     assert_close_to_reference,
     device_backends,
+    extra_peak_bytes,
     gpu_backend_built,
     loss_and_grad,
     random_x,
@@ -213,23 +211,10 @@ def test_op_passes_opcheck():
 def test_peak_memory_is_linear_in_k():
     """k = 16384: a k×k float32 Gram would take 1 GiB; the kernel's forward + backward must stay
     far below (fresh process, VmHWM)."""
-    code = r"""
-import torch, repcap_fast as rf
-def hwm():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmHWM'):
-            return int(line.split()[1]) * 1024
-X = torch.randn(16384, 32).requires_grad_(True)
-rf.gram_offdiag_penalty(X[:300].detach().clone().requires_grad_(True), 8, backend='cpu').backward()
-open('/proc/self/clear_refs', 'w').write('5')
-base = hwm()
-rf.gram_offdiag_penalty(X, 8, backend='cpu').backward()
-print(hwm() - base)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "2"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    extra = int(out.stdout.strip().splitlines()[-1])
+    extra = extra_peak_bytes(
+        "X = torch.randn(16384, 32).requires_grad_(True)\n"
+        "rf.gram_offdiag_penalty(X[:300].detach().clone().requires_grad_(True), 8, backend='cpu').backward()",
+        "rf.gram_offdiag_penalty(X, 8, backend='cpu').backward()")
     assert extra < 128 << 20, f"extra peak memory {extra / 2**20:.0f} MiB"
 
 

@@ -2,9 +2,6 @@
 float64 reference: odd sizes, every dtype, histograms, extreme norms, the real MiniLM matrix."""
 
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,6 +16,7 @@ from _helpers import (
     cosines64,
     cpu_backends,
     device_backends,
+    extra_peak_bytes,
     gpu_backend_built,
     kernel_dtype,
     near_edge,
@@ -389,21 +387,6 @@ def test_bins_limit_comes_from_the_compiled_kernels():
 def test_peak_memory_is_linear_in_v():
     """V = 20,000: the V×V float32 cosines would take 1.5 GiB; the stream's extra peak memory
     (fresh process, VmHWM) must stay within O(V·d) plus the per-tile buffers (README Guarantees)."""
-    code = r"""
-import torch, repcap_fast as rf
-def hwm():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmHWM'):
-            return int(line.split()[1]) * 1024
-A = torch.randn(20000, 32)
-rf.pairwise_cosine_stats(A[:300], progress=False)
-open('/proc/self/clear_refs', 'w').write('5')
-base = hwm()
-rf.pairwise_cosine_stats(A, progress=False)
-print(hwm() - base)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "2"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    extra = int(out.stdout.strip().splitlines()[-1])
+    extra = extra_peak_bytes("A = torch.randn(20000, 32)\nrf.pairwise_cosine_stats(A[:300], progress=False)",
+                             "rf.pairwise_cosine_stats(A, progress=False)")
     assert extra < 64 << 20, f"extra peak memory {extra / 2**20:.0f} MiB"
