@@ -28,6 +28,13 @@ REPCAP_HD T int_power(T r, int32_t n) {
   return result;
 }
 
+// The bit length of n >= 0 (0 for n = 0).
+inline int32_t bit_length(int32_t n) {
+  int32_t bits = 0;
+  while ((n >> bits) > 0) ++bits;
+  return bits;
+}
+
 // r^N for a compile-time N: the same product unrolled, so CPU loops over a row vectorize.
 template <int32_t N, typename T>
 REPCAP_HD T int_power_static(T r) {

@@ -35,6 +35,7 @@ from .sweep_file import (  # noqa: F401  SWEEP_FORMAT: the format tag of sweep f
     part_file,
     part_files,
     read_cells,
+    remove_part_files,
     write_cells,
 )
 
@@ -364,8 +365,7 @@ def sweep(
     if not resume:
         existing = []
         if group is None or rank == 0:
-            for path in parts:
-                os.remove(path)
+            remove_part_files(parts)
         parts = []
     # One record per cell: exact repeats across out and the part files are dropped, conflicts refused.
     existing = merge_cells([(out, existing)] + [(path, read_cells(path)) for path in parts])
@@ -382,8 +382,7 @@ def sweep(
     todo = [cell for cell in grid if cell not in done]
     if group is None and parts:  # a distributed sweep was cut short: its part files join `out` now
         write_cells(out, _grid_order(done, grid))
-        for path in parts:
-            os.remove(path)
+        remove_part_files(parts)
     if group is not None:
         distributed.check_same_on_all_ranks("sweep", {"grid": grid, "settings": want, "out": os.path.abspath(out),
                                                       "todo": todo}, group)
@@ -417,8 +416,7 @@ def sweep(
         merged = {(c["k"], c["d"]): c for c in merge_cells([(out, existing if resume else [])] +
                                                           [(path, read_cells(path)) for path in part_files(out)])}
         write_cells(out, _grid_order(merged, grid))
-        for path in part_files(out):
-            os.remove(path)
+        remove_part_files(part_files(out))
     distributed.run_on_every_rank("sweep (merge)", lambda: None, group)
     final = {(c["k"], c["d"]): c for c in read_cells(out)}
     return [final[c] for c in grid]

@@ -220,6 +220,16 @@ def part_files(out: str) -> List[str]:
     return sorted(p for p in glob.glob(glob.escape(out) + ".part*") if p[len(out) + 5 :].isdigit())
 
 
+def remove_part_files(paths: Sequence[str]) -> None:
+    """Remove merged part files together with the temporary files (`part.tmp-PID`) that a rank
+    killed in the middle of a write leaves behind: once a part file is merged, no rank writes it."""
+    for path in paths:
+        for leftover in glob.glob(glob.escape(path) + ".tmp-*"):
+            os.remove(leftover)
+        if os.path.exists(path):
+            os.remove(path)
+
+
 def load_cells(path: str) -> List[dict]:
     """The cells of a sweep file (JSON or CSV)."""
     path = os.fspath(path)

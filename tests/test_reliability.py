@@ -365,6 +365,26 @@ def test_resume_refuses_a_cell_with_two_values_across_files(tmp_path):
         packing.sweep([6], [3], out, steps=2, progress=False)
 
 
+def test_merging_part_files_also_removes_a_killed_writer_s_temporary_file(tmp_path):
+    """CI failure on 2026-12-02: spawn SIGTERMed rank 0 in the middle of writing its part file;
+    the resume merged and removed the part files but left `out.part0.tmp-PID` behind."""
+    from repcap_fast.sweep_file import part_file, write_cells
+
+    out = tmp_path / "s.json"
+    cells = packing.sweep([6, 8], [3], out, steps=2, progress=False)
+    out.unlink()
+    write_cells(part_file(str(out), 0), cells[:1])
+    torn = tmp_path / "s.json.part0.tmp-4194305"  # a pid above Linux's pid_max: its writer is gone
+    torn.write_text(out.name[:3])
+    assert packing.sweep([6, 8], [3], out, steps=2, progress=False) == cells
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]
+    # starting anew removes them too
+    write_cells(part_file(str(out), 1), cells[1:])
+    torn.write_text("{")
+    packing.sweep([6, 8], [3], out, steps=2, resume=False, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]
+
+
 def test_fit_on_a_cell_too_large_for_a_float_names_the_file(tmp_path, capsys):
     out = tmp_path / "s.json"
     packing.sweep([6, 8, 10], [3, 4], out, steps=2, progress=False)
