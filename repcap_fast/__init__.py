@@ -20,6 +20,7 @@ from ._deprecated import moved_names
 from ._version import __version__
 from .models import hidden_states, load_embeddings
 from .ops.gram_offdiag_penalty import (
+    gram_offdiag_log_penalty,
     gram_offdiag_max,
     gram_offdiag_penalty,
     gram_offdiag_penalty_block,
@@ -42,6 +43,7 @@ __all__ = [
     "cosine_moments",
     "epsilon",
     "fitting",
+    "gram_offdiag_log_penalty",
     "gram_offdiag_max",
     "gram_offdiag_penalty",
     "gram_offdiag_penalty_block",

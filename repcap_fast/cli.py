@@ -157,10 +157,13 @@ def _cmd_pack(args) -> int:
     _check_device_arg(args)
     res = packing.optimize(args.k, args.d, steps=args.steps, p=args.p, lr=args.lr, seed=args.seed,
                            device=args.device, dtype=args.dtype, backend=args.backend, precision=args.precision,
-                           progress=args.progress)
+                           progress=args.progress, method=args.method, p_start=args.p_start,
+                           polish_steps=args.polish_steps)
     ratio = "inf" if not np.isfinite(res.eps_over_welch) else f"{res.eps_over_welch:.4f}"
-    print(f"k={res.k} d={res.d} steps={res.steps} p={res.p} lr={res.lr} ({res.seconds:.1f} s, {res.backend}, "
-          f"precision {res.precision})")
+    p_text = f"p={res.p}" if res.method == "paper" else f"p={res.p_start}->{res.p}"
+    polish = f" polish_steps={res.polish_steps}" if res.polish_steps else ""
+    print(f"k={res.k} d={res.d} method={res.method} steps={res.steps} {p_text}{polish} lr={res.lr} "
+          f"({res.seconds:.1f} s, {res.backend}, precision {res.precision})")
     print(f"eps*        {res.eps_star:.6f}   (random start {res.eps_star_init:.6f})")
     print(f"welch bound {res.welch:.6f}   eps*/welch {ratio}")
     print(f"mu+2sigma   {res.mu_plus_2sigma:.6f}")
@@ -169,7 +172,9 @@ def _cmd_pack(args) -> int:
         _write_json(args.json, {"repcap_fast": __version__, "command": "pack", "result": res.to_dict()})
     if args.plot:
         plotting.plot_loss(res.loss_history, args.plot,
-                           f"packing k={res.k}, d={res.d}, p={res.p}: eps*={res.eps_star:.4f}")
+                           f"packing k={res.k}, d={res.d}, {res.method}, {p_text}: eps*={res.eps_star:.4f}",
+                           **({} if res.method == "paper" else
+                              {"ylabel": "objective (a smooth maximum of |ĝ|)", "log_scale": False}))
         print(f"wrote       {args.plot}")
     return 0
 
@@ -195,7 +200,8 @@ def _cmd_sweep(args) -> int:
     _check_device_arg(args)
     cells = packing.sweep(args.ks, args.ds, args.out, steps=args.steps, p=args.p, lr=args.lr,
                           seed=args.seed, device=args.device, dtype=args.dtype, backend=args.backend,
-                          resume=not args.restart, progress=args.progress)
+                          resume=not args.restart, progress=args.progress, method=args.method,
+                          p_start=args.p_start, polish_steps=args.polish_steps)
     print(f"{len(cells)} cells in {args.out}")
     for c in cells:
         print(f"k={c['k']:>7} d={c['d']:>5}  eps*={c['eps_star']:.5f}  welch={c['welch']:.5f}")
@@ -212,7 +218,8 @@ def _cmd_fit(args) -> int:
         fits[form] = res.to_dict()
         params = ", ".join(f"{k}={v:.6g}" for k, v in res.params.items())
         print(f"{form:<9} {params:<60} R2={res.r2:.5f} MAPE={res.mape:.3f}% NRMSE={res.nrmse:.3f}% "
-              f"max_err={res.max_error:.4g} (n={len(res.eps)}, excluded {len(res.excluded)})")
+              f"max_err={res.max_error:.4g} (n={len(res.eps)}, excluded {len(res.excluded)}; packing method "
+              f"{res.method or 'not recorded'})")
         if args.plot:
             root, ext = os.path.splitext(args.plot)
             path = args.plot if len(forms) == 1 else f"{root}_{form}{ext}"
@@ -285,9 +292,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_eps.set_defaults(func=_cmd_epsilon)
 
     def packing_options(p, grid: bool):
-        p.add_argument("--steps", type=int, default=5000, help="Adam steps (default 5000, the paper's)")
-        p.add_argument("--p", type=int, default=None, help="penalty exponent (default min(int(m/ln d), 20))")
-        p.add_argument("--lr", type=float, default=None, help="Adam lr (default 0.005 if d <= 1024 else 0.0025)")
+        p.add_argument("--method", choices=packing.METHODS, default="paper",
+                       help="the optimizer (default: paper, the published one; minimax packs tightest)")
+        p.add_argument("--steps", type=int, default=5000, help="optimizer steps (default 5000, the paper's)")
+        p.add_argument("--p", type=int, default=None, help="penalty exponent of the paper's method (default "
+                       "min(int(m/ln d), 20)); the last p of the continuation methods (default 1024)")
+        p.add_argument("--p-start", type=int, default=None, help="the first p of the continuation methods (default 4)")
+        p.add_argument("--polish-steps", type=int, default=None,
+                       help="active-set polish steps after the optimizer (default 40 for minimax, else 0)")
+        p.add_argument("--lr", type=float, default=None, help="Adam lr (default 0.005 if d <= 1024 else 0.0025; the "
+                       "continuation methods start at twice that and decay to 1%% of their start)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--device", default="cpu", help="e.g. cpu, cuda, cuda:1")
         p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")

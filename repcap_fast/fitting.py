@@ -40,10 +40,12 @@ FIT_FORMS = {
 
 class FitResult:
     """Constants of one capacity form fitted to measured ε(k, d), with the fit metrics:
-    R², RMSE, NRMSE (percent of the data's range), MAPE (percent) and the max absolute error."""
+    R², RMSE, NRMSE (percent of the data's range), MAPE (percent) and the max absolute error, and
+    ``method``: the packing method the cells were made with (the constants assume it)."""
 
-    def __init__(self, form, params, k, d, eps, excluded, eps_key):
+    def __init__(self, form, params, k, d, eps, excluded, eps_key, method=None):
         self.form = form
+        self.method = method  # the packing method of the cells (None: not recorded, e.g. (k, d, ε) triples)
         self.params = params
         self.k, self.d, self.eps = k, d, eps
         self.excluded = excluded
@@ -76,7 +78,7 @@ class FitResult:
             "params": {k: float(v) for k, v in self.params.items()},
             "r2": num(self.r2), "rmse": num(self.rmse), "nrmse_percent": num(self.nrmse),
             "mape_percent": num(self.mape), "max_error": num(self.max_error),
-            "n_cells": int(len(self.eps)), "eps_key": self.eps_key,
+            "n_cells": int(len(self.eps)), "eps_key": self.eps_key, "packing_method": self.method,
             "excluded_cells": [{"k": int(k), "d": int(d), "why": why} for k, d, why in self.excluded],
         }
 
@@ -90,13 +92,15 @@ def _cells_arrays(cells, eps_key):
         cells = load_cells(cells)
     if isinstance(cells, dict) and "cells" in cells:
         cells = cells["cells"]
-    ks, ds, eps, missing = [], [], [], []
+    ks, ds, eps, missing, methods = [], [], [], [], set()
     for i, cell in enumerate(cells):
         if isinstance(cell, dict):
             try:
                 k, d, e = cell["k"], cell["d"], cell[eps_key]
             except KeyError as exc:
                 raise ValueError(f"cells[{i}] has no {exc.args[0]!r} (keys: {sorted(cell)})") from None
+            if "method" in cell:
+                methods.add(str(cell["method"]))
         else:  # (k, d, eps), the paper's JSON layout
             try:
                 k, d, e = cell
@@ -115,7 +119,10 @@ def _cells_arrays(cells, eps_key):
         raise ValueError("cells hold non-finite k, d or eps")
     if np.any(k < 2) or np.any(d < 1) or np.any(e < 0):
         raise ValueError("cells need k >= 2, d >= 1 and eps >= 0")
-    return k, d, e, missing
+    if len(methods) > 1:
+        raise ValueError(f"cells come from several packing methods ({', '.join(sorted(methods))}); the constants "
+                         "belong to one method's packings: fit each method's cells apart")
+    return k, d, e, missing, (methods.pop() if methods else None)
 
 
 def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> FitResult:
@@ -135,7 +142,7 @@ def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> Fit
     from scipy.optimize import curve_fit  # SciPy's optimizers: imported when a fit runs
 
     model, names, start, bounds, needs_k_gt_d = FIT_FORMS[form]
-    k, d, eps, missing = _cells_arrays(cells, eps_key)
+    k, d, eps, missing, method = _cells_arrays(cells, eps_key)
     excluded = list(missing)
     keep = np.ones_like(k, dtype=bool)
     if needs_k_gt_d:
@@ -146,4 +153,4 @@ def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> Fit
         raise ValueError(f"the {form} form has {len(names)} parameters but only {len(k)} usable cells")
     p0 = start if p0 is None else tuple(float(v) for v in p0)
     popt, _ = curve_fit(model, (k, d), eps, p0=p0, bounds=bounds, maxfev=50000)
-    return FitResult(form, dict(zip(names, (float(v) for v in popt))), k, d, eps, excluded, eps_key)
+    return FitResult(form, dict(zip(names, (float(v) for v in popt))), k, d, eps, excluded, eps_key, method)

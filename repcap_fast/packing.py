@@ -21,10 +21,12 @@ import torch
 
 from . import _validation as val
 from . import capacity, distributed
+from . import packing_methods as methods
 from ._backends import check_precision, resolve_backend
 from ._progress import progress_bar
 from .ops.gram_offdiag_penalty import check_penalty_p, gram_offdiag_penalty, gram_offdiag_penalty_block
 from .ops.pairwise_cosine_stats import pairwise_cosine_stats
+from .packing_methods import METHODS, MethodSettings  # noqa: F401  METHODS: the names of method=
 from .sweep_file import (  # noqa: F401  SWEEP_FORMAT: the format tag of sweep files, also read from here
     CELL_FIELDS,
     SETTING_KEYS,
@@ -58,8 +60,11 @@ def default_p(k: int, d: int) -> int:
 
 @dataclass
 class PackingResult:
-    """One packing run. ``eps_star`` = max_{i≠j}|ĝ_ij| after the last Adam step;
-    ``loss_history[s]`` is the loss step s evaluated (before its update)."""
+    """One packing run. ``eps_star`` = max_{i≠j}|ĝ_ij| of the final vectors (after the last step
+    and the polish); ``loss_history[s]`` is the objective step s evaluated (before its update):
+    Σ|ĝ|^p for "paper", (1/p)·ln Σ|ĝ|^p at that step's p for "p-continuation", "riemannian" and
+    "minimax", the log-sum-exp for "smooth-max"; ``polish_history[s]`` is ε* after polish step s.
+    ``p`` is the fixed p of "paper" and the last p (or sharpness) of the continuation methods."""
 
     k: int
     d: int
@@ -81,6 +86,10 @@ class PackingResult:
     loss_history: List[float] = field(repr=False, default_factory=list)
     seconds: float = float("nan")
     precision: str = "highest"
+    method: str = "paper"
+    p_start: int = 0
+    polish_steps: int = 0
+    polish_history: List[float] = field(repr=False, default_factory=list)
 
     @property
     def eps_over_welch(self) -> float:
@@ -93,6 +102,7 @@ class PackingResult:
         out["eps_minus_welch"] = self.eps_star - self.welch
         if not history:
             out.pop("loss_history")
+            out.pop("polish_history")
         if not timing:
             out.pop("seconds")
         return out
@@ -119,8 +129,13 @@ def optimize(
     precision: str = "highest",
     progress: Optional[bool] = None,
     group=None,
+    method: str = "paper",
+    p_start: Optional[int] = None,
+    polish_steps: Optional[int] = None,
 ) -> PackingResult:
-    """Packs k unit vectors in R^d by minimizing Σ_{i≠j}|ĝ_ij|^p with Adam (the paper's setup).
+    """Packs k unit vectors in R^d: with method="paper" (default) by minimizing Σ_{i≠j}|ĝ_ij|^p
+    with Adam, the paper's setup, bit for bit; the other methods of ``packing_methods.METHODS``
+    drive ε* lower ("minimax" lowest, measured in the README's "Packing methods").
 
     The vectors are the rows of a k×d parameter initialized from a seeded standard normal (drawn
     on the CPU, so the start does not depend on the device) and row-normalized; the loss is
@@ -140,13 +155,25 @@ def optimize(
     rows and the Adam state of those rows only. Every step the ranks all-gather the rows, each
     computes its rows' loss and gradient with the fused kernel run on its block against all k rows
     (`gram_offdiag_penalty_block`), and the losses are summed. The trajectory is the
-    single-process one up to float rounding (the kernel's tiles start at other rows).
+    single-process one up to float rounding (the kernel's tiles start at other rows). Only
+    method="paper" runs across ranks.
+
+    The other methods (see ``repcap_fast.packing_methods``): p is the last p of the continuation
+    (default ``packing_methods.DEFAULT_P_END``, 1024), `p_start` its first (default 4), lr the
+    first learning rate (default 2·``default_lr(d)``, decayed geometrically to 1% of it), and
+    `polish_steps` the active-set polish steps after the optimizer (default 40 for "minimax",
+    else 0; any method may be polished).
     """
     group = distributed.resolve_group(group)
     run = distributed.prepare_on_every_rank("optimize", group, _check_run, k, d, steps, p, lr, seed, device, dtype,
-                                            backend, precision)
+                                            backend, precision, method, p_start, polish_steps)
     if group is not None:
+        if run.settings.method != "paper" or run.settings.polish_steps:
+            raise ValueError(f"method={run.settings.method!r} (and the polish) run in one process; only "
+                             "method='paper' splits a run across ranks")
         return _optimize_across_ranks(run, progress, group)
+    if run.settings.method != "paper":
+        return _optimize_with_method(run, progress)
     X = _initial_vectors(run.k, run.d, run.seed).to(device=run.device, dtype=run.dtype).requires_grad_(True)
     eps_init, _, _ = _eps_stats(X.detach(), run.backend)
     opt = torch.optim.Adam([X], lr=run.lr)
@@ -161,7 +188,47 @@ def optimize(
             opt.step()
             losses[step] = loss.detach()
             bar.update(1)
-    return _packing_result(run, eps_init, X.detach(), losses.cpu().tolist(), start)
+    X = X.detach()
+    polish_history: List[float] = []
+    if run.settings.polish_steps:
+        X = _polish(run, X, progress, polish_history)
+    return _packing_result(run, eps_init, X, losses.cpu().tolist(), start, polish_history)
+
+
+def _optimize_with_method(run: _Run, progress) -> PackingResult:
+    """A continuation method (packing_methods.run_optimizer), then its polish."""
+    compute = val.compute_dtype(run.dtype)
+    X = _initial_vectors(run.k, run.d, run.seed).to(device=run.device, dtype=compute)
+    eps_init, _, _ = _eps_stats(X.to(run.dtype), run.backend)
+    history: List[float] = []
+    start = time.perf_counter()
+    with progress_bar(progress, total=run.steps, desc=f"pack k={run.k} d={run.d} {run.settings.method}", unit="step",
+                      work=4.0 * run.k * run.k * run.d * run.steps, auto_above=_PROGRESS_FLOPS) as bar:
+        def on_step(step, value):
+            if not math.isfinite(value):
+                raise PackingDiverged(f"packing diverged at step {step}: the objective is {value} ({run.dtype}, "
+                                      f"lr={run.lr}, method={run.settings.method}); try a smaller lr or float64")
+            history.append(value)
+            bar.update(1)
+
+        X = methods.run_optimizer(run.settings, X, run.steps, run.lr, run.backend, run.precision, eps_init, on_step)
+    polish_history: List[float] = []
+    if run.settings.polish_steps:
+        X = _polish(run, X, progress, polish_history)
+    return _packing_result(run, eps_init, X.to(run.dtype), history, start, polish_history)
+
+
+def _polish(run: _Run, X: torch.Tensor, progress, polish_history: List[float]) -> torch.Tensor:
+    """The active-set polish of packing_methods (float64, CPU), returned on X's device and dtype."""
+    with progress_bar(progress, total=run.settings.polish_steps, desc=f"polish k={run.k} d={run.d}", unit="LP",
+                      work=4.0 * run.k * run.k * run.d * run.settings.polish_steps,
+                      auto_above=_PROGRESS_FLOPS) as bar:
+        def on_step(step, eps):
+            polish_history.append(eps)
+            bar.update(1)
+
+        polished = methods.polish(X, run.settings.polish_steps, on_step)
+    return polished.to(device=X.device, dtype=X.dtype)
 
 
 @dataclass(frozen=True)
@@ -178,13 +245,16 @@ class _Run:
     dtype: torch.dtype
     backend: str
     precision: str
+    settings: MethodSettings
 
     def signature(self) -> dict:
         return {"k": self.k, "d": self.d, "steps": self.steps, "p": self.p, "lr": self.lr, "seed": self.seed,
-                "dtype": str(self.dtype), "backend": self.backend, "precision": self.precision}
+                "dtype": str(self.dtype), "backend": self.backend, "precision": self.precision,
+                **self.settings.to_dict()}
 
 
-def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision) -> _Run:
+def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision, method="paper", p_start=None,
+               polish_steps=None) -> _Run:
     k = val.check_int(k, "k", 2)
     d = val.check_int(d, "d", 1)
     device = val.check_device(device)
@@ -194,9 +264,11 @@ def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision) -> _
         raise ValueError("dtype float16 cannot run the packing optimizer: Adam's ε (1e-8) and the squared "
                          "gradients underflow to 0 in float16, so its first step divides 0 by 0; use float32 "
                          "(default), bfloat16 or float64")
-    return _Run(k, d, val.check_int(steps, "steps", 1), default_p(k, d) if p is None else check_penalty_p(p, backend),
-                default_lr(d) if lr is None else val.check_positive_float(lr, "lr"), val.check_seed(seed),
-                device, dtype, backend, check_precision(precision))
+    settings = methods.check_method(method, p, p_start, polish_steps, default_p(k, d),
+                                    lambda value: check_penalty_p(value, backend))
+    lr = methods.default_lr(settings.method, default_lr(d)) if lr is None else val.check_positive_float(lr, "lr")
+    return _Run(k, d, val.check_int(steps, "steps", 1), settings.p_end, lr, val.check_seed(seed),
+                device, dtype, backend, check_precision(precision), settings)
 
 
 class PackingDiverged(RuntimeError):
@@ -222,7 +294,7 @@ def _initial_vectors(k: int, d: int, seed: int) -> torch.Tensor:
     return x0 / torch.linalg.vector_norm(x0, dim=1, keepdim=True)
 
 
-def _packing_result(run: _Run, eps_init, X, history, start) -> PackingResult:
+def _packing_result(run: _Run, eps_init, X, history, start, polish_history=()) -> PackingResult:
     """ε* and the statistics of the final vectors X (all k rows, on this process alone)."""
     with distributed.local():
         eps_star, mean, std = _eps_stats(X, run.backend)
@@ -233,7 +305,8 @@ def _packing_result(run: _Run, eps_init, X, history, start) -> PackingResult:
         eps_star=float(eps_star), eps_star_init=float(eps_init), mean=float(mean), std=float(std),
         mu_plus_2sigma=float(mean + 2.0 * std), welch=float(capacity.welch_bound(run.k, run.d)),
         loss_init=float(history[0]), loss_final=float(history[-1]), loss_history=history,
-        seconds=time.perf_counter() - start,
+        seconds=time.perf_counter() - start, method=run.settings.method, p_start=run.settings.p_start,
+        polish_steps=run.settings.polish_steps, polish_history=list(polish_history),
     )
 
 
@@ -291,13 +364,21 @@ def _cell_record(result: PackingResult) -> dict:
     return {key: rec[key] for key in CELL_FIELDS}
 
 
+def _cell_settings(k: int, d: int, want: dict) -> dict:
+    """The settings a cell (k, d) of a sweep with settings `want` is made with (p, p_start,
+    polish_steps and lr left as None resolved to the method's defaults for that cell)."""
+    settings = methods.check_method(want["method"], want["p"], want["p_start"], want["polish_steps"],
+                                    default_p(k, d), int)
+    return {"steps": want["steps"], "seed": want["seed"], "dtype": want["dtype"],
+            "lr": want["lr"] if want["lr"] is not None else methods.default_lr(want["method"], default_lr(d)),
+            **settings.to_dict()}
+
+
 def _matches(cell: dict, want: dict) -> bool:
-    """Whether a finished cell was made with the sweep's settings (p and lr: the given ones, or
-    the paper's defaults for the cell's (k, d) when not given)."""
-    p = want["p"] if want["p"] is not None else default_p(cell["k"], cell["d"])
-    lr = want["lr"] if want["lr"] is not None else default_lr(cell["d"])
-    return (cell["steps"] == want["steps"] and cell["seed"] == want["seed"]
-            and cell["dtype"] == want["dtype"] and cell["p"] == p and cell["lr"] == lr)
+    """Whether a finished cell was made with the sweep's settings (the method and its settings,
+    steps, seed, dtype and lr; those not given resolved to their defaults for the cell's (k, d))."""
+    expected = _cell_settings(cell["k"], cell["d"], want)
+    return all(cell[key] == expected[key] for key in SETTING_KEYS)
 
 
 def sweep(
@@ -316,13 +397,19 @@ def sweep(
     progress: bool = True,
     on_cell: Optional[Callable[[dict], None]] = None,
     group=None,
+    method: str = "paper",
+    p_start: Optional[int] = None,
+    polish_steps: Optional[int] = None,
 ) -> List[dict]:
     """Runs ``optimize`` on every (k, d) of the grid (d outer, k inner) and rewrites `out` after
     each finished cell (JSON, or CSV when `out` ends in .csv), atomically.
 
-    With resume=True (default) the cells already in `out` with the same settings (steps, seed,
-    dtype, p and lr, where p and lr left as None mean the paper's defaults for each cell) are kept
-    and skipped, so a killed sweep loses at most the cell in flight. resume=False starts the
+    Every cell records its method and the method's settings (``method``, ``p_start``, ``p``,
+    ``polish_steps``; see ``optimize``). With resume=True (default) the cells already in `out`
+    with the same settings (method and its settings, steps, seed, dtype and lr, where those left
+    as None mean their defaults for each cell) are kept and skipped, so a killed sweep loses at
+    most the cell in flight; a cell made by another method (or other settings) is an error, so
+    one file never mixes methods. resume=False starts the
     sweep file anew (a file that is not a sweep file is never overwritten). A cell of `out` with
     other settings is an error (use another file). Repeated values in ks or ds run once.
     `on_cell(record)` is called after each cell is written. The penalty steps run at precision
@@ -346,9 +433,13 @@ def sweep(
     p = None if p is None else check_penalty_p(p, name)
     lr = None if lr is None else val.check_positive_float(lr, "lr")
     dtype = val.check_dtype(dtype)
-    want = {"steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""), "p": p, "lr": lr}
+    check = methods.check_method(method, p, p_start, polish_steps, 1, lambda value: check_penalty_p(value, name))
+    want = {"method": method, "steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""), "p": p,
+            "p_start": p_start if p_start is None else check.p_start,
+            "polish_steps": polish_steps if polish_steps is None else check.polish_steps, "lr": lr}
     if dtype == torch.float16:
-        _check_run(ks[0], ds[0], steps, p, lr, seed, device, dtype, backend, "highest")  # its error
+        _check_run(ks[0], ds[0], steps, p, lr, seed, device, dtype, backend, "highest", method, p_start,
+                   polish_steps)  # its error
     out = val.check_output_file(out, "out")  # its folder created and writable before any work
     group = distributed.resolve_group(group)
     rank, world = (0, 1) if group is None else distributed.rank_and_world(group)
@@ -365,24 +456,24 @@ def sweep(
     if not resume:
         existing = []
         if group is None or rank == 0:
-            remove_part_files(parts)
+            remove_part_files(out, parts)
         parts = []
     # One record per cell: exact repeats across out and the part files are dropped, conflicts refused.
     existing = merge_cells([(out, existing)] + [(path, read_cells(path)) for path in parts])
     for cell in existing:
         if not _matches(cell, want):
             raise ValueError(
-                f"out={out!r} holds a cell (k={cell['k']}, d={cell['d']}) with other settings "
-                f"({ {key: cell[key] for key in SETTING_KEYS} }; this sweep: {want}, None = the "
-                "paper's default); use another file or "
-                "resume=False"
+                f"out={out!r} holds a cell (k={cell['k']}, d={cell['d']}) made with other settings "
+                f"({ {key: cell[key] for key in SETTING_KEYS} }; this sweep would make it with "
+                f"{ {key: _cell_settings(cell['k'], cell['d'], want)[key] for key in SETTING_KEYS} }); one file "
+                "holds one method and its settings: use another file or resume=False"
             )
     done = {(c["k"], c["d"]): c for c in existing}
     grid = [(k, d) for d in ds for k in ks]
     todo = [cell for cell in grid if cell not in done]
     if group is None and parts:  # a distributed sweep was cut short: its part files join `out` now
         write_cells(out, _grid_order(done, grid))
-        remove_part_files(parts)
+        remove_part_files(out, parts)
     if group is not None:
         distributed.check_same_on_all_ranks("sweep", {"grid": grid, "settings": want, "out": os.path.abspath(out),
                                                       "todo": todo}, group)
@@ -396,8 +487,9 @@ def sweep(
                              desc="sweep" if group is None else f"sweep, rank 0 of {world}") as bar:
             for k, d in todo:  # each rank's cells are its own: no op inside may meet the other ranks
                 bar.set_postfix_str(f"k={k} d={d}")
-                result = optimize(k, d, steps=steps, p=p, lr=lr, seed=seed, device=device,
-                                  dtype=dtype, backend=backend, progress=False)
+                result = optimize(k, d, steps=steps, p=p, lr=lr, seed=seed, device=device, dtype=dtype,
+                                  backend=backend, progress=False, method=method, p_start=p_start,
+                                  polish_steps=polish_steps)
                 done[(k, d)] = _cell_record(result)
                 if group is None:
                     write_cells(out, _grid_order(done, grid))
@@ -416,7 +508,7 @@ def sweep(
         merged = {(c["k"], c["d"]): c for c in merge_cells([(out, existing if resume else [])] +
                                                           [(path, read_cells(path)) for path in part_files(out)])}
         write_cells(out, _grid_order(merged, grid))
-        remove_part_files(part_files(out))
+        remove_part_files(out, part_files(out))
     distributed.run_on_every_rank("sweep (merge)", lambda: None, group)
     final = {(c["k"], c["d"]): c for c in read_cells(out)}
     return [final[c] for c in grid]

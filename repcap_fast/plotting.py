@@ -120,12 +120,12 @@ def plot_spectral(rows: List[Dict], path: str, title: str) -> None:
         fig.suptitle(title)
 
 
-def plot_loss(history: Sequence[float], path: str, title: str) -> None:
-    """The packing loss Σ|ĝ|^p per Adam step, log scale."""
+def plot_loss(history: Sequence[float], path: str, title: str, ylabel: str = "Σ|ĝ|^p", log_scale: bool = True) -> None:
+    """The packing objective per optimizer step (the paper's loss Σ|ĝ|^p on a log scale)."""
     with _figure(path, figsize=(6, 4), dpi=120) as (fig, ax):
-        ax.semilogy(np.arange(1, len(history) + 1), history)
-        ax.set_xlabel("Adam step")
-        ax.set_ylabel("Σ|ĝ|^p")
+        (ax.semilogy if log_scale else ax.plot)(np.arange(1, len(history) + 1), history)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=10)
 
 

@@ -11,16 +11,33 @@ import math
 import os
 from typing import List, Sequence, Tuple
 
-SWEEP_FORMAT = "repcap_fast.packing.sweep/1"
-CELL_FIELDS = ("k", "d", "steps", "p", "lr", "seed", "dtype", "eps_star", "eps_star_init",
-               "mean", "std", "mu_plus_2sigma", "welch", "eps_over_welch", "eps_minus_welch",
+from .packing_methods import METHODS
+
+SWEEP_FORMAT = "repcap_fast.packing.sweep/2"
+CELL_FIELDS = ("k", "d", "method", "steps", "p_start", "p", "polish_steps", "lr", "seed", "dtype", "eps_star",
+               "eps_star_init", "mean", "std", "mu_plus_2sigma", "welch", "eps_over_welch", "eps_minus_welch",
                "loss_init", "loss_final")
 # A cell is reused on resume only when these match the sweep's settings.
-SETTING_KEYS = ("steps", "seed", "dtype", "p", "lr")
+SETTING_KEYS = ("method", "steps", "p_start", "p", "polish_steps", "seed", "dtype", "lr")
+# Version 1 (before the packing methods) had no method, p_start or polish_steps: its cells were all
+# made by the paper's method, and are read as such.
+SWEEP_FORMAT_V1 = "repcap_fast.packing.sweep/1"
+_V1_FIELDS = ("k", "d", "steps", "p", "lr", "seed", "dtype", "eps_star", "eps_star_init",
+              "mean", "std", "mu_plus_2sigma", "welch", "eps_over_welch", "eps_minus_welch",
+              "loss_init", "loss_final")
 
 
-_INT_FIELDS = {"k": 1, "d": 1, "steps": 1, "p": 1, "seed": 0}  # the least value of each integer field
-_STR_FIELDS = ("dtype",)
+def _from_v1(cell):
+    """A version-1 record as a version-2 one: method "paper", p_start = p, no polish."""
+    if not isinstance(cell, dict) or "method" in cell:
+        return cell
+    out = dict(cell)
+    out.update(method="paper", p_start=cell.get("p"), polish_steps=0)
+    return out
+
+
+_INT_FIELDS = {"k": 1, "d": 1, "steps": 1, "p_start": 1, "p": 1, "polish_steps": 0, "seed": 0}  # least values
+_STR_FIELDS = ("method", "dtype")
 _FLOAT_FIELDS = tuple(f for f in CELL_FIELDS if f not in _INT_FIELDS and f not in _STR_FIELDS)  # or None
 
 
@@ -48,6 +65,8 @@ def _check_cell(path: str, label: str, cell) -> dict:
     for key in _STR_FIELDS:
         if not isinstance(cell[key], str):
             raise ValueError(f"{where}: {key} is {str(cell[key])[:40]!r}, not a string")
+    if cell["method"] not in METHODS:
+        raise ValueError(f"{where}: method is {cell['method'][:40]!r}, not one of {', '.join(METHODS)}")
     for key in _FLOAT_FIELDS:
         value = cell[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -119,8 +138,9 @@ def is_sweep_file(path: str) -> bool:
     except OSError:
         return False
     if path.endswith(".csv"):
-        return head.split(b"\n", 1)[0].rstrip(b"\r") == ",".join(CELL_FIELDS).encode()
-    return head.lstrip().startswith(b"{") and f'"format": "{SWEEP_FORMAT}"'.encode() in head
+        return head.split(b"\n", 1)[0].rstrip(b"\r") in (",".join(CELL_FIELDS).encode(), ",".join(_V1_FIELDS).encode())
+    return head.lstrip().startswith(b"{") and any(f'"format": "{tag}"'.encode() in head
+                                                  for tag in (SWEEP_FORMAT, SWEEP_FORMAT_V1))
 
 
 def _parse_csv_value(path: str, line: int, key: str, value):
@@ -141,16 +161,17 @@ def _read_csv(path: str) -> List[dict]:
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
-            if tuple(reader.fieldnames or ()) != CELL_FIELDS:
+            fields = tuple(reader.fieldnames or ())
+            if fields not in (CELL_FIELDS, _V1_FIELDS):
                 raise _not_sweep(path, f"its CSV header is not {','.join(CELL_FIELDS)}")
             cells = []
             for row in reader:
                 line = reader.line_num
                 if None in row:  # more fields than the header
-                    raise ValueError(f"{path}: line {line} has {len(CELL_FIELDS) + len(row[None])} fields, the "
-                                     f"header {len(CELL_FIELDS)}")
-                cell = {key: _parse_csv_value(path, line, key, row.get(key)) for key in CELL_FIELDS}
-                cells.append(_check_cell(path, f"line {line}", cell))
+                    raise ValueError(f"{path}: line {line} has {len(fields) + len(row[None])} fields, the "
+                                     f"header {len(fields)}")
+                cell = {key: _parse_csv_value(path, line, key, row.get(key)) for key in fields}
+                cells.append(_check_cell(path, f"line {line}", _from_v1(cell)))
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}): not a sweep file") from exc
     except csv.Error as exc:
@@ -169,14 +190,15 @@ def _read_json(path: str) -> List[dict]:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"{path}: not valid JSON ({first[:200]}): a truncated or corrupt sweep file? (remove "
                          f"it or pick another path)") from exc
-    if not isinstance(data, dict) or data.get("format") != SWEEP_FORMAT:
+    if not isinstance(data, dict) or data.get("format") not in (SWEEP_FORMAT, SWEEP_FORMAT_V1):
         raise _not_sweep(path, f"no \"format\": \"{SWEEP_FORMAT}\"")
     if "cells" not in data:
         raise ValueError(f"{path}: a sweep file without \"cells\" (keys: {', '.join(sorted(map(str, data)))})")
     cells = data["cells"]
     if not isinstance(cells, list):
         raise ValueError(f"{path}: \"cells\" is a {type(cells).__name__}, not a list of records")
-    return [_check_cell(path, f"cells[{i}]", cell) for i, cell in enumerate(cells)]
+    upgrade = _from_v1 if data["format"] == SWEEP_FORMAT_V1 else (lambda cell: cell)
+    return [_check_cell(path, f"cells[{i}]", upgrade(cell)) for i, cell in enumerate(cells)]
 
 
 def read_cells(path: str) -> List[dict]:
@@ -220,12 +242,14 @@ def part_files(out: str) -> List[str]:
     return sorted(p for p in glob.glob(glob.escape(out) + ".part*") if p[len(out) + 5 :].isdigit())
 
 
-def remove_part_files(paths: Sequence[str]) -> None:
-    """Remove merged part files together with the temporary files (`part.tmp-PID`) that a rank
-    killed in the middle of a write leaves behind: once a part file is merged, no rank writes it."""
-    for path in paths:
-        for leftover in glob.glob(glob.escape(path) + ".tmp-*"):
-            os.remove(leftover)
+def remove_part_files(out: str, paths: Sequence[str]) -> None:
+    """Remove merged part files of a sweep into `out`, and every temporary file (`out.partR.tmp-PID`)
+    that a rank killed in the middle of a write left behind: once the part files are merged (or
+    dropped by a restart), no rank is writing them."""
+    out = os.fspath(out)
+    leftovers = [p for p in glob.glob(glob.escape(out) + ".part*.tmp-*")
+                 if p[len(out) + 5 :].split(".tmp-")[0].isdigit()]
+    for path in list(paths) + leftovers:
         if os.path.exists(path):
             os.remove(path)
 

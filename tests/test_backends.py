@@ -187,7 +187,7 @@ def test_old_module_constants_keep_their_values():
     assert penalty.MAX_P == 1 << 30 and penalty.check_p(30.0) == 30
     with pytest.raises(ValueError, match="1073741824"):
         penalty.check_p((1 << 30) + 1)
-    assert rf.packing.SWEEP_FORMAT == "repcap_fast.packing.sweep/1"
+    assert rf.packing.SWEEP_FORMAT == "repcap_fast.packing.sweep/2"  # /1 files are still read (as method "paper")
 
 
 @pytest.mark.parametrize("module,name,new", [
