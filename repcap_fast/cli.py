@@ -174,7 +174,8 @@ def _cmd_pack(args) -> int:
         plotting.plot_loss(res.loss_history, args.plot,
                            f"packing k={res.k}, d={res.d}, {res.method}, {p_text}: eps*={res.eps_star:.4f}",
                            **({} if res.method == "paper" else
-                              {"ylabel": "objective (a smooth maximum of |ĝ|)", "log_scale": False}))
+                              {"ylabel": "smooth-max objective (T·ln Σ exp(|ĝ|/T))" if res.method == "smooth-max"
+                               else "(1/p)·ln Σ|ĝ|^p (log of a smooth max of |ĝ|)", "log_scale": False}))
         print(f"wrote       {args.plot}")
     return 0
 

@@ -110,9 +110,14 @@ class PackingResult:
 
 def _eps_stats(x: torch.Tensor, backend: str):
     """(ε* = max|ĝ|, mean, std) of the off-diagonal ĝ_ij (pairs i<j), streamed by kernel 1 at
-    precision "highest" (whatever the steps used)."""
+    precision "highest" (whatever the steps used). For float64 vectors ε* is then measured again
+    in float64 (row blocks of b×k), since kernel 1 forms float32 dot products: a packing at an
+    optimum known to 1e-15 would read 1e-8 off."""
     stats = pairwise_cosine_stats(x, bins=1, backend=backend, progress=False)
-    return max(abs(stats.min), abs(stats.max)), stats.mean, stats.std
+    eps = max(abs(stats.min), abs(stats.max))
+    if x.dtype == torch.float64:
+        eps = methods.max_abs_offdiag(x / torch.linalg.vector_norm(x, dim=1, keepdim=True))
+    return eps, stats.mean, stats.std
 
 
 def optimize(
@@ -162,7 +167,8 @@ def optimize(
     (default ``packing_methods.DEFAULT_P_END``, 1024), `p_start` its first (default 4), lr the
     first learning rate (default 2·``default_lr(d)``, decayed geometrically to 1% of it), and
     `polish_steps` the active-set polish steps after the optimizer (default 40 for "minimax",
-    else 0; any method may be polished).
+    else 0; any method may be polished). They run in float32 for bfloat16 (the result is rounded
+    to bfloat16 at the end), float64 for float64.
     """
     group = distributed.resolve_group(group)
     run = distributed.prepare_on_every_rank("optimize", group, _check_run, k, d, steps, p, lr, seed, device, dtype,
@@ -205,13 +211,21 @@ def _optimize_with_method(run: _Run, progress) -> PackingResult:
     with progress_bar(progress, total=run.steps, desc=f"pack k={run.k} d={run.d} {run.settings.method}", unit="step",
                       work=4.0 * run.k * run.k * run.d * run.steps, auto_above=_PROGRESS_FLOPS) as bar:
         def on_step(step, value):
-            if not math.isfinite(value):
+            if math.isnan(value) or value == math.inf:  # −inf: every pair exactly orthogonal (k ≤ d), converged
                 raise PackingDiverged(f"packing diverged at step {step}: the objective is {value} ({run.dtype}, "
                                       f"lr={run.lr}, method={run.settings.method}); try a smaller lr or float64")
             history.append(value)
             bar.update(1)
 
-        X = methods.run_optimizer(run.settings, X, run.steps, run.lr, run.backend, run.precision, eps_init, on_step)
+        try:
+            X = methods.run_optimizer(run.settings, X, run.steps, run.lr, run.backend, run.precision, eps_init,
+                                      on_step)
+        except ValueError as exc:
+            if "NaN/Inf" not in str(exc):
+                raise
+            raise PackingDiverged(f"packing diverged at step {len(history)}: the vectors became NaN/Inf "
+                                  f"({run.dtype}, lr={run.lr}, method={run.settings.method}); try a smaller lr or "
+                                  "float64") from exc
     polish_history: List[float] = []
     if run.settings.polish_steps:
         X = _polish(run, X, progress, polish_history)
@@ -473,6 +487,7 @@ def sweep(
     todo = [cell for cell in grid if cell not in done]
     if group is None and parts:  # a distributed sweep was cut short: its part files join `out` now
         write_cells(out, _grid_order(done, grid))
+    if group is None:  # (also the temporary file of a rank killed in its first write, with no part file)
         remove_part_files(out, parts)
     if group is not None:
         distributed.check_same_on_all_ranks("sweep", {"grid": grid, "settings": want, "out": os.path.abspath(out),

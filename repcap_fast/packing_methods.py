@@ -29,8 +29,8 @@ with |ĝ_ij| ≥ ε* − τ, where τ = 2r√d + d·r² bounds how much any pair
 the largest), and solves the linear program
 min t subject to sign(ĝ_ij)·(linearized ĝ_ij) ≤ t, x̂_i·δ_i = 0 (tangent), |δ_ic| ≤ r (SciPy's
 HiGHS). The step is retracted (rows normalized) and kept only when the true ε* drops; the trust
-radius r grows after a step that achieved most of the predicted drop and shrinks otherwise. In
-float64, on the CPU.
+radius r doubles after a step that achieved more than 3/4 of the predicted drop, stays after one
+that achieved more than 1/4, and shrinks otherwise. In float64, on the CPU.
 """
 
 from __future__ import annotations
@@ -83,7 +83,10 @@ def check_method(method, p: Optional[int], p_start, polish_steps, paper_p: int, 
         polish = 0 if polish_steps is None else val.check_int(polish_steps, "polish_steps", 0)
         return MethodSettings(method, p, p, polish)
     p_end = DEFAULT_P_END if p is None else check_p(p)
-    start = min(DEFAULT_P_START, p_end) if p_start is None else check_p(p_start)
+    if p_start is None:
+        start = min(DEFAULT_P_START, p_end)
+    else:
+        start = val.check_int(p_start, "p_start", 1)
     if start > p_end:
         raise ValueError(f"p_start must be at most p (the last p of the continuation), got p_start={start}, p={p_end}")
     default_polish = DEFAULT_POLISH_STEPS if method == "minimax" else 0
@@ -241,14 +244,15 @@ def _pairs_above(X: torch.Tensor, threshold: float) -> Tuple[np.ndarray, np.ndar
     return (torch.cat(found_i).numpy(), torch.cat(found_j).numpy(), torch.cat(found_g).numpy())
 
 
-def _max_abs_offdiag(X: torch.Tensor) -> float:
+def max_abs_offdiag(X: torch.Tensor) -> float:
+    """max_{i≠j}|x_i·x_j| in X's dtype, streamed in row blocks (never k×k)."""
     k = X.shape[0]
     rows = _block_rows(k)
     best = 0.0
     for r0 in range(0, k, rows):
         r1 = min(k, r0 + rows)
         g = (X[r0:r1] @ X.T).abs()
-        idx = torch.arange(r1 - r0)
+        idx = torch.arange(r1 - r0, device=X.device)
         g[idx, r0 + idx] = 0.0
         best = max(best, float(g.max()))
     return best
@@ -271,7 +275,7 @@ def polish(X: torch.Tensor, steps: int, on_step: Optional[Callable[[int, float],
     X = X.detach().to("cpu", torch.float64)
     X = X / torch.linalg.vector_norm(X, dim=1, keepdim=True)
     k, d = X.shape
-    eps = _max_abs_offdiag(X)
+    eps = max_abs_offdiag(X)
     radius = 0.25 * eps / math.sqrt(d)
     for step in range(steps):
         band = 2.0 * radius * math.sqrt(d) + d * radius**2
@@ -319,7 +323,7 @@ def polish(X: torch.Tensor, steps: int, on_step: Optional[Callable[[int, float],
             delta = torch.from_numpy(res.x[:-1].reshape(len(rows), d))
             Y[torch.from_numpy(rows)] += delta
             Y = Y / torch.linalg.vector_norm(Y, dim=1, keepdim=True)
-            new_eps = _max_abs_offdiag(Y)
+            new_eps = max_abs_offdiag(Y)
             if new_eps < eps:
                 ratio = (eps - new_eps) / predicted if predicted > 0 else 0.0
                 X, eps = Y, new_eps

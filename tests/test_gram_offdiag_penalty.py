@@ -46,6 +46,20 @@ def test_large_p_without_a_compiled_case_matches_reference(device, backend, p, d
     assert_close_to_reference(X.to(device), p, True, backend)
 
 
+@pytest.mark.parametrize("device,backend", device_backends())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("p", [1 << 20, 1 << 27, 1 << 30])
+def test_the_subnormal_floor_never_drops_a_row_maximum(device, backend, p, dtype):
+    # The CPU kernel counts ratios whose p-th power would be subnormal as 0; uncapped, that floor
+    # reached 1 near p = 8.5e7 and wiped out whole rows (L = 0 instead of 2 here).
+    gpu_backend_built(backend)
+    X = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.6, 0.8]], dtype=dtype)
+    _, rows = rf.gram_offdiag_row_stats(X.to(device), p, backend=backend)
+    assert float(rows.sum()) == pytest.approx(2.0, rel=1e-6)
+    log_loss, _ = rf.gram_offdiag_log_penalty(X.to(device), p, backend=backend)
+    assert log_loss == pytest.approx(math.log(2.0), abs=1e-6)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("normalize", [True, False])

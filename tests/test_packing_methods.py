@@ -31,7 +31,6 @@ def test_minimax_reaches_known_optimal_line_packings(k, d, optimum, seed):
     assert res.eps_star == pytest.approx(optimum, abs=1e-3)
     assert res.eps_star >= optimum - 1e-12  # nothing beats the Welch bound
     assert res.welch == pytest.approx(optimum, rel=1e-12)
-    assert res.seconds < 30
 
 
 def test_the_paper_s_method_is_far_from_those_optima():
@@ -194,7 +193,7 @@ def test_version_1_sweep_files_are_read_as_the_paper_s_method(tmp_path, suffix):
                                                  else str(c[f]) for f in v1_fields) for c in v1_cells]
         out.write_text("\n".join(rows) + "\n")
     assert packing.load_cells(out) == cells
-    # a resume of the paper's sweep keeps them (and writes the current format)
+    # a resume of the paper's sweep keeps them (nothing to run: the file is left as it is)
     assert packing.sweep([6, 8], [3], out, steps=20, progress=False) == cells
     with pytest.raises(ValueError, match="one file holds one method"):
         packing.sweep([6, 8], [3], out, steps=20, method="minimax", progress=False)
@@ -216,15 +215,17 @@ def test_a_cell_with_an_unknown_method_is_refused(tmp_path):
     ({"p_start": 4}, "p_start applies to the continuation methods"),
     ({"method": "riemannian", "p_start": 2000}, "p_start must be at most p"),
     ({"method": "riemannian", "p": 16, "p_start": 32}, "p_start must be at most p"),
-    ({"method": "riemannian", "p_start": 0}, "p must be"),
+    ({"method": "riemannian", "p_start": 0}, "p_start must be >= 1"),
+    ({"method": "riemannian", "p_start": 2.5}, "p_start must be an int"),
     ({"method": "minimax", "polish_steps": -1}, "polish_steps"),
     ({"method": "minimax", "polish_steps": 1.5}, "polish_steps"),
 ])
-def test_bad_method_settings_name_the_argument(kwargs, match):
+def test_bad_method_settings_name_the_argument(kwargs, match, tmp_path):
     with pytest.raises((ValueError, TypeError), match=match):
         packing.optimize(10, 3, steps=2, **kwargs)
     with pytest.raises((ValueError, TypeError), match=match):
-        packing.sweep([10], [3], "never_written.json", steps=2, progress=False, **kwargs)
+        packing.sweep([10], [3], tmp_path / "never_written.json", steps=2, progress=False, **kwargs)
+    assert not list(tmp_path.iterdir())
 
 
 def test_cli_pack_and_sweep_with_a_method(tmp_path, capsys):

@@ -27,11 +27,13 @@ REPCAP_CLONES T row_abs_max(const T* g, int64_t cols) {
 // Σ_j r_j^p over one tile row, and g_j ← sign(g_j)·r_j^(p-1) when kWriteWeights, with
 // r_j = min(|g_j|·inv_max, 1). The tile-row sum (≤ 512 terms, each ≤ 1) is accumulated in T,
 // lane-wise, and merged into the row's float64 sum by the caller. Compiled for AVX-512, AVX2 and
-// the baseline. P > 0 fixes p at compile time (unrolled powers); P == 0 takes p at run time.
+// the baseline. P > 0 fixes p at compile time (unrolled powers); row_terms_runtime_p below takes
+// any other p at run time.
 //
 // Ratios below r_floor = (smallest normal T)^(1/p) count as 0: their p-th power would be
-// subnormal, and x86 arithmetic on subnormals is about 100 times slower (measured: p = 20 took
-// 4x the time of p = 8, p = 64 35x, on k = 2000, d = 32 unit rows). A row's sum holds its
+// subnormal, and x86 arithmetic on subnormals is about 100 times slower (measured on k = 2000,
+// d = 32 unit rows: one pass took 6.0 / 21.8 / 181 ms at p = 11 / 20 / 64 before, 6.0 / 6.3 / 7.6 ms
+// after). A row's sum holds its
 // maximum's term 1, so each dropped term (< 2^-126 in float32) is far below its resolution.
 template <typename T>
 inline T floored_ratio(T g, T inv_max, T r_floor) {
@@ -94,8 +96,10 @@ REPCAP_CLONES T row_terms_runtime_p(T* g, int64_t cols, T inv_max, int32_t p, T 
 
 template <typename T, int32_t P>
 T row_terms_for(T* g, int64_t cols, T inv_max, int32_t p, bool write_weights) {
-  const T r_floor = static_cast<T>(std::pow(static_cast<double>(std::numeric_limits<T>::min()), 1.0 / p) *
-                                   (1.0 + 1e-6));
+  // Capped below 1 - 2^-10: at p beyond about 8.5e7 (float32) the floor itself would reach 1 and
+  // drop the row maximum's own term; ratios under the cap then have powers that are exactly 0 anyway.
+  const T r_floor = static_cast<T>(std::min(
+      std::pow(static_cast<double>(std::numeric_limits<T>::min()), 1.0 / p) * (1.0 + 1e-6), 1.0 - 1.0 / 1024));
   if constexpr (P == 0) {
     return write_weights ? row_terms_runtime_p<T, true>(g, cols, inv_max, p, r_floor)
                          : row_terms_runtime_p<T, false>(g, cols, inv_max, p, r_floor);
