@@ -24,7 +24,12 @@ from . import capacity, distributed
 from . import packing_methods as methods
 from ._backends import check_precision, resolve_backend
 from ._progress import progress_bar
-from .ops.gram_offdiag_penalty import check_penalty_p, gram_offdiag_penalty, gram_offdiag_penalty_block
+from .ops.gram_offdiag_penalty import (
+    check_penalty_p,
+    gram_offdiag_max,
+    gram_offdiag_penalty,
+    gram_offdiag_penalty_block,
+)
 from .ops.pairwise_cosine_stats import pairwise_cosine_stats
 from .packing_methods import METHODS, MethodSettings  # noqa: F401  METHODS: the names of method=
 from .sweep_file import (  # noqa: F401  SWEEP_FORMAT: the format tag of sweep files, also read from here
@@ -116,7 +121,7 @@ def _eps_stats(x: torch.Tensor, backend: str):
     stats = pairwise_cosine_stats(x, bins=1, backend=backend, progress=False)
     eps = max(abs(stats.min), abs(stats.max))
     if x.dtype == torch.float64:
-        eps = methods.max_abs_offdiag(x / torch.linalg.vector_norm(x, dim=1, keepdim=True))
+        eps = gram_offdiag_max(x / torch.linalg.vector_norm(x, dim=1, keepdim=True), normalize=False)
     return eps, stats.mean, stats.std
 
 
