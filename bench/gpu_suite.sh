@@ -72,7 +72,7 @@ tests_rc=$?
 
 bench() { python -m pytest "$@" -q -s -p no:cacheprovider; }
 export -f bench
-step bench-pga 90 bench bench/bench_pga.py -k gpu
+step bench-pga 120 bench bench/bench_pga.py -k gpu  # incl. the 32-layer profile and the naive pipeline
 step bench-penalty 120 bench bench/bench_penalty.py -k "test_gpu and not huge"
 step bench-cosine 240 bench bench/bench_cosine_stats.py -k "gpu or report"
 step diagnostics 120 python bench/gpu_diagnostics.py "$out/gpu_diagnostics.json"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gram_offdiag_penalty_epilogue.h"
+#include "grassmann_normals.h"
 #include "kernel_settings.h"
 #include "pairwise_cosine_stats_epilogue.h"
 #include "subspace_pga_epilogue.h"
@@ -34,6 +35,10 @@
 // subspace_pga_rhos(x N×d, bases B×d×k, ref_ranks float64[N(N−1)/2]) -> float64[B]: Spearman's
 //   ρ of ref_ranks against the ranks of the distances of x·bases[b] (NaN: a zero projected row
 //   or all distances equal).
+//
+// grassmann_normals(out float64 B×d×k, seed, first_basis) -> (): fills out[b] with the d·k
+//   standard normals of basis first_basis + b (csrc/grassmann_normals.h: Philox4x32-10 keyed by
+//   the seed, counted by (element / 4, basis)).
 TORCH_LIBRARY(repcap_fast, m) {
   m.def(
       "pairwise_cosine_stats(Tensor a, Tensor a_inv_norm, Tensor? b, Tensor? b_inv_norm, "
@@ -43,6 +48,7 @@ TORCH_LIBRARY(repcap_fast, m) {
       "-> (Tensor, Tensor, Tensor)");
   m.def("subspace_pga_ranks(Tensor x) -> Tensor");
   m.def("subspace_pga_rhos(Tensor x, Tensor bases, Tensor ref_ranks) -> Tensor");
+  m.def("grassmann_normals(Tensor(a!) out, int seed, int first_basis) -> ()");
 }
 
 namespace {
@@ -107,6 +113,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_penalty_rescale_f64", [](double m_old, double m_new, int32_t p) {
     const auto r = repcap::penalty_rescale(m_old, m_new, p);
     return std::make_tuple(r.inv_max, r.alpha, r.beta);
+  });
+  // Grassmann draws: the Philox4x32-10 words of one counter and key, and one group's normals.
+  m.def("_philox4x32_10", [](uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+    const auto r = repcap::philox::philox4x32_10(c0, c1, c2, c3, k0, k1);
+    return std::make_tuple(r.w[0], r.w[1], r.w[2], r.w[3]);
+  });
+  m.def("_normal_group", [](uint64_t seed, uint64_t basis, uint64_t group) {
+    double n[4];
+    repcap::philox::normal_group(seed, basis, group, n);
+    return std::make_tuple(n[0], n[1], n[2], n[3]);
   });
   // Subspace PGA: the key map, the run search and the per-position rank pass of the CUDA kernel.
   m.def("_sortable_key_f32", [](float v) { return repcap::sortable_key(v); });

@@ -35,7 +35,7 @@ class BackendUnavailableError(RuntimeError):
 
 BACKENDS = ("cuda", "triton", "cpu", "torch")
 BACKEND_ENV = "REPCAP_BACKEND"
-OPS = ("pairwise_cosine_stats", "gram_offdiag_penalty", "subspace_pga")
+OPS = ("pairwise_cosine_stats", "gram_offdiag_penalty", "subspace_pga", "grassmann_normals")
 AUTO_ORDER = {"cuda": ("cuda", "triton"), "cpu": ("cpu",)}  # then "torch", the reference, when none is built
 # precision: how float32 dot products are formed, in every op. "highest": IEEE float32 products
 # and sums; "tf32": float32 inputs rounded to TF32 on GPU tensor cores (10-bit mantissa). 16-bit

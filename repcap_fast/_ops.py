@@ -39,3 +39,9 @@ if _C is not None:
     @torch.library.register_fake("repcap_fast::subspace_pga_rhos")
     def _subspace_pga_rhos_fake(x, bases, ref_ranks):
         return x.new_empty(bases.shape[0], dtype=torch.float64)
+
+    if hasattr(torch.ops.repcap_fast, "grassmann_normals"):  # absent from a _C built before the op
+
+        @torch.library.register_fake("repcap_fast::grassmann_normals")
+        def _grassmann_normals_fake(out, seed, first_basis):
+            return None

@@ -7,41 +7,107 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from concurrent.futures import ThreadPoolExecutor
+import hashlib
+from collections import OrderedDict
 from typing import Dict, Iterator, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 
 from . import _validation as val
+from . import eigen
+from .ops.grassmann_normals import grassmann_normals
 
 LAYOUTS = ("hf", "tl")
 _CHUNK_BYTES = 32 << 20
 
 
 class ReadoutBasis(NamedTuple):
-    """The top-k right singular vectors of W_U (d×k, float64, columns orthonormal) and all of
-    W_U's singular values (descending, float64)."""
+    """The top-k right singular vectors of W_U (d×k, float64, columns orthonormal), the top-k
+    singular values (descending, float64), and how they were found (`eigen.TopEigenpairs.solver`:
+    subspace iteration with its certified angle, or eigh)."""
 
     basis: torch.Tensor
     singular_values: torch.Tensor
+    solver: str
 
 
-def readout_basis(W_U, k: int = 100, layout: str = "hf") -> ReadoutBasis:
+_READOUT_CACHE: "OrderedDict[tuple, ReadoutBasis]" = OrderedDict()
+_READOUT_CACHE_SIZE = 8
+_DIGEST_CHUNK = 1 << 20
+_DIGEST_PRIME = 2**31 - 1
+_DIGEST_WEIGHTS: Dict[str, torch.Tensor] = {}
+
+
+def content_digest(x: torch.Tensor) -> Tuple:
+    """A digest of a tensor's shape, dtype and every bit of its values. CPU tensors: BLAKE2b of
+    their bytes. Other devices: `_device_fingerprint`, computed where the tensor lives (no copy
+    to the host)."""
+    x = x.detach()
+    head = (tuple(x.shape), str(x.dtype), str(x.device))
+    if x.device.type == "cpu":
+        data = x.contiguous().reshape(-1).view(torch.uint8).numpy()
+        return (*head, hashlib.blake2b(memoryview(data), digest_size=16).hexdigest())
+    return (*head, *_device_fingerprint(x))
+
+
+def _device_fingerprint(x: torch.Tensor) -> Tuple[int, int]:
+    """Two independent 31-bit hashes of x's 16-bit words w_i, in exact int64 arithmetic on x's
+    device: h = Σ_chunks B^(…) (Σ_i w_i c_i mod P) mod P, P = 2^31 − 1, with fixed pseudo-random
+    weights c_i < P per position in a chunk (every product < 2^47, every chunk sum < 2^51). An
+    edit of any words changes h unless Σ Δw_i c_i ≡ 0 (mod P): a chance of 1/P per hash."""
+    words = x.contiguous().reshape(-1).view(torch.uint8)
+    if words.numel() % 2:
+        words = torch.cat([words, words.new_zeros(1)])
+    words = words.view(torch.int16)
+    key = str(words.device)
+    weights = _DIGEST_WEIGHTS.get(key)
+    if weights is None:
+        gen = torch.Generator().manual_seed(0x5EED)
+        weights = torch.randint(1, _DIGEST_PRIME, (2, _DIGEST_CHUNK), generator=gen, dtype=torch.int64)
+        weights = _DIGEST_WEIGHTS[key] = weights.to(words.device)
+    sums = []
+    for start in range(0, words.numel(), _DIGEST_CHUNK):
+        w = words[start : start + _DIGEST_CHUNK].to(torch.int64) & 0xFFFF
+        sums.append(((w * weights[:, : w.numel()]) % _DIGEST_PRIME).sum(dim=1))
+    out = [0, 0]
+    for part in torch.stack(sums).tolist():  # one transfer
+        out = [(h * 1_000_003 + int(v)) % _DIGEST_PRIME for h, v in zip(out, part)]
+    return out[0], out[1]
+
+
+def clear_readout_cache() -> None:
+    """Forgets every cached readout basis (`readout_basis` decomposes W_U again)."""
+    _READOUT_CACHE.clear()
+
+
+def readout_basis(W_U, k: int = 100, layout: str = "hf", *, solver: str = "auto") -> ReadoutBasis:
     """Top-k right singular vectors of the unembedding W_U, through the d×d Gram in float64.
 
     layout "hf": W_U is V×d (Hugging Face ``lm_head.weight``): the basis spans the row space,
     the right singular vectors, eigenvectors of W_Uᵀ W_U. layout "tl": W_U is d×V (TransformerLens
     ``W_U``): the same subspace is its column space, eigenvectors of W_U W_Uᵀ (its left singular
-    vectors). Never runs a dense SVD of V×d; the Gram is accumulated over row chunks in float64.
-    Eigenvector signs are fixed so that each basis vector's largest-magnitude entry is positive.
+    vectors). Never runs a dense SVD of V×d; the Gram is accumulated over row chunks in float64,
+    and its top k eigenpairs come from `eigen.top_eigenpairs` (certified subspace iteration when
+    k is small against d, else or as a fallback a full eigh; `solver` as there). Eigenvector
+    signs are fixed so that each basis vector's largest-magnitude entry is positive.
+
+    Results are cached by `content_digest(W_U)` (with k, layout and solver): a profile or a loop
+    of calls over layers with the same unembedding decomposes it once. The cache holds the last
+    8 results; it returns copies.
     """
     val.check_choice(layout, "layout", LAYOUTS)
+    val.check_choice(solver, "solver", eigen.SOLVERS)
     W = val.finite_matrix(W_U, "W_U")
+    key = (content_digest(W), int(k), layout, solver)
     if layout == "tl":
         W = W.T
     V, d = W.shape
     k = val.check_k(k, d)
+    hit = _READOUT_CACHE.get(key)
+    if hit is not None:
+        _READOUT_CACHE.move_to_end(key)
+        return ReadoutBasis(hit.basis.clone(), hit.singular_values.clone(), hit.solver)
     # W/s with s a power of two near max|W| (exact): the Gram of W/s cannot overflow or underflow
     # whatever W's scale; the singular values are scaled back.
     scale = val.power_of_two_scale(W)
@@ -50,11 +116,12 @@ def readout_basis(W_U, k: int = 100, layout: str = "hf") -> ReadoutBasis:
     for r0 in range(0, V, rows):
         chunk = W[r0 : r0 + rows].to(torch.float64) / scale
         gram.addmm_(chunk.T, chunk)
-    evals, evecs = torch.linalg.eigh(gram)  # ascending
-    evals = evals.flip(0).clamp_min(0.0)
-    evecs = evecs.flip(1)
-    basis = _fix_signs(evecs[:, :k].contiguous())
-    return ReadoutBasis(basis, evals.sqrt() * scale)
+    top = eigen.top_eigenpairs(gram, k, solver=solver)
+    out = ReadoutBasis(_fix_signs(top.vectors.contiguous()), top.values.clamp_min(0.0).sqrt() * scale, top.solver)
+    _READOUT_CACHE[key] = out
+    while len(_READOUT_CACHE) > _READOUT_CACHE_SIZE:
+        _READOUT_CACHE.popitem(last=False)
+    return ReadoutBasis(out.basis.clone(), out.singular_values.clone(), out.solver)
 
 
 def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str, d: int) -> torch.Tensor:
@@ -85,12 +152,6 @@ def _fix_signs(q: torch.Tensor) -> torch.Tensor:
     return q * signs
 
 
-def _subspace_seed(seed: int, b: int) -> int:
-    """The generator seed of basis b of a draw with `seed` (SeedSequence mixing: independent
-    streams for every (seed, b))."""
-    return int(np.random.SeedSequence([int(seed), int(b)]).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
 _DRAWS: contextvars.ContextVar[Optional[Dict[Tuple, torch.Tensor]]] = contextvars.ContextVar(
     "repcap_fast_grassmann_draws", default=None)
 
@@ -107,13 +168,17 @@ def reused_draws() -> Iterator[None]:
         _DRAWS.reset(token)
 
 
-def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, device="cpu") -> torch.Tensor:
+def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, device="cpu",
+                    backend: str = "auto") -> torch.Tensor:
     """n orthonormal d×k bases drawn uniformly from the Grassmannian: QR of a standard Gaussian
     d×k matrix with the signs fixed (R's diagonal made positive, which makes Q Haar-distributed).
-    Basis b comes from its own CPU generator seeded by (seed, b) (float32 normals, drawn in
-    parallel threads), so a seed gives the same bases on every device and the first m of n
-    bases are those of a draw of m. They are orthonormalized in float64 on `device` (batched
-    GEMMs; equal across devices to rounding). Returns (n, d, k), float64 by default."""
+
+    The Gaussians are drawn on `device` by `ops.grassmann_normals` (Philox4x32-10, a
+    counter-based generator): entry (i, j) of basis b depends on (seed, b, i·k + j) alone, so a
+    seed gives the same bases on every device (to the rounding of log/cos/sin and of the
+    orthonormalization) and the first m of n bases are those of a draw of m. They are
+    orthonormalized in float64 on `device` in batches (CholeskyQR2 as batched GEMMs). Returns
+    (n, d, k), float64 by default. `backend` picks the generator's kernel (see grassmann_normals)."""
     for name, v, lo in (("d", d, 2), ("n", n, 1)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
@@ -123,19 +188,12 @@ def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, 
     key = (d, k, n, int(seed), dtype, str(torch.device(device)))
     if draws is not None and key in draws:
         return draws[key]
-    g = torch.empty(n, d, k, dtype=torch.float32)  # float32 normals: torch's float64 sampler is ~5x slower
-
-    def draw(b: int) -> None:
-        torch.randn(d, k, generator=torch.Generator().manual_seed(_subspace_seed(seed, b)), out=g[b])
-
-    workers = max(1, min(n, torch.get_num_threads()))
-    if workers == 1 or n * d * k < 1 << 16:
-        for b in range(n):
-            draw(b)
-    else:
-        with ThreadPoolExecutor(max_workers=workers) as pool:  # torch releases the GIL while sampling
-            list(pool.map(draw, range(n)))
-    out = _orthonormalize(g.to(device=device, dtype=torch.float64)).to(dtype=dtype)
+    out = torch.empty(n, d, k, dtype=dtype, device=device)
+    per_batch = max(1, _CHUNK_BYTES // (8 * d * k))  # 32 MiB of normals at a time
+    for b0 in range(0, n, per_batch):
+        normals = grassmann_normals(min(per_batch, n - b0), d, k, seed, first_basis=b0, device=device,
+                                    backend=backend)
+        out[b0 : b0 + normals.shape[0]] = _orthonormalize(normals).to(dtype)
     if draws is not None:
         draws[key] = out
     return out
@@ -152,17 +210,20 @@ def _orthonormalize(g: torch.Tensor) -> torch.Tensor:
         q = g
         ok = True
         for _ in range(2):
-            chol, info = torch.linalg.cholesky_ex(q.transpose(-2, -1) @ q)
-            if bool((info != 0).any()):
-                ok = False
-                break
-            eye_k = torch.eye(k, dtype=g.dtype, device=g.device).expand_as(chol)
-            chol_inv = torch.linalg.solve_triangular(chol, eye_k, upper=False)  # k×k: cheap
+            gram = q.transpose(-2, -1) @ q
+            with eigen.small_lapack(g.device, k):  # n small factorizations: one thread each
+                chol, info = torch.linalg.cholesky_ex(gram)
+                if bool((info != 0).any()):
+                    ok = False
+                    break
+                eye_k = torch.eye(k, dtype=g.dtype, device=g.device).expand_as(chol)
+                chol_inv = torch.linalg.solve_triangular(chol, eye_k, upper=False)  # k×k: cheap
             q = q @ chol_inv.transpose(-2, -1)  # G R⁻¹ with R = Lᵀ, as one batched GEMM
         eye = torch.eye(k, dtype=g.dtype, device=g.device)
         if ok and float((q.transpose(-2, -1) @ q - eye).abs().max()) < 1e-13:
             return q
-    q, r = torch.linalg.qr(g)
+    with eigen.small_lapack(g.device, g.shape[-2]):
+        q, r = torch.linalg.qr(g)
     s = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))
     s[s == 0] = 1.0
     return q * s[..., None, :]
@@ -176,15 +237,41 @@ class CCRResult(NamedTuple):
     removed: torch.Tensor
 
 
+CCR_BLOCK = 10  # CCR solves for at least this many directions, so CCR-1, -5 and -10 share one solve
+
+
+def _ccr_directions(m: int, N: int, d: int) -> int:
+    """How many top directions CCR-m solves for: max(m, CCR_BLOCK, the context's `shared_ccr`),
+    below min(N, d). CCR-m keeps the first m: a call and a profile get the same bits."""
+    return max(m, min(max(CCR_BLOCK, _SHARED_CCR.get()[0]), min(N, d) - 1))
+
+
 def _top_right_singular_vectors(x: torch.Tensor, m: int) -> torch.Tensor:
     """The top-m right singular vectors of x (d×m, float64): eigenvectors of xᵀx (d×d) when
-    d ≤ N, which stay orthonormal even past the rank of x; otherwise an SVD of x."""
+    d ≤ N (`eigen.top_eigenpairs`: certified subspace iteration or eigh; they stay orthonormal
+    even past the rank of x); otherwise an SVD of x."""
     n, d = x.shape
     if d <= n:
-        _, vecs = torch.linalg.eigh(x.T @ x)
-        return vecs[:, -m:].flip(1)
-    _, _, vh = torch.linalg.svd(x, full_matrices=False)
+        return eigen.top_eigenpairs(x.T @ x, m).vectors
+    with eigen.small_lapack(x.device, n):
+        _, _, vh = torch.linalg.svd(x, full_matrices=False)
     return vh[:m].T
+
+
+_SHARED_CCR: contextvars.ContextVar[Tuple[int, Optional[Dict]]] = contextvars.ContextVar(
+    "repcap_fast_shared_ccr", default=(0, None))
+
+
+@contextlib.contextmanager
+def shared_ccr(max_m: int) -> Iterator[None]:
+    """Inside this block CCR solves for at least max_m directions and reuses them for every CCR
+    variant of the same tensor H (pga_profile: one decomposition per layer for CCR {1, 5, 10}).
+    A tensor changed in place is decomposed again."""
+    token = _SHARED_CCR.set((int(max_m), {}))
+    try:
+        yield
+    finally:
+        _SHARED_CCR.reset(token)
 
 
 def center_and_ccr_unscaled(H, m: int = 1) -> Tuple[torch.Tensor, torch.Tensor, float]:
@@ -202,8 +289,21 @@ def center_and_ccr_unscaled(H, m: int = 1) -> Tuple[torch.Tensor, torch.Tensor, 
     x = x - x.mean(dim=0, keepdim=True)
     if m == 0:
         return x, x.new_zeros(0, d), scale
-    removed = _fix_signs(_top_right_singular_vectors(x, m)).T.contiguous()
+    removed = _shared_directions(H, x, _ccr_directions(m, N, d))[:m]
     return x - (x @ removed.T) @ removed, removed, scale
+
+
+def _shared_directions(H, x: torch.Tensor, m: int) -> torch.Tensor:
+    """The top-m directions of the centered x (m×d, signs fixed), reused within `shared_ccr`
+    for the same values of H: the same storage, shape and strides at the same version (H is held
+    while the block lasts, so its memory cannot be reused by another tensor)."""
+    cache = _SHARED_CCR.get()[1]
+    if cache is None:
+        return _fix_signs(_top_right_singular_vectors(x, m)).T.contiguous()
+    key = (H.data_ptr(), tuple(H.shape), H.stride(), H.dtype, str(H.device), H._version, m)
+    if key not in cache:
+        cache[key] = (H, _fix_signs(_top_right_singular_vectors(x, m)).T.contiguous())
+    return cache[key][1]
 
 
 def center_and_ccr(H, m: int = 1) -> CCRResult:

@@ -22,10 +22,12 @@ from .geometry import (
     CCRResult,
     ReadoutBasis,
     center_and_ccr,
+    clear_readout_cache,
     grassmann_bases,
     readout_basis,
     readout_subspace,
     reused_draws,
+    shared_ccr,
 )
 from .ops.subspace_pga import (
     METHODS,
@@ -119,14 +121,17 @@ def pga_profile(
     `repcap_fast.models.hidden_states(...)`); each result's settings["layer"] is its index in
     the sequence or its key. ccrs: distinct CCR variants. Every argument is checked, for every
     layer and variant, before the first layer runs. The readout basis and the null subspaces
-    are drawn once (the same seed) and shared by every layer and CCR variant. Shows a progress
-    bar over layers × variants."""
+    are drawn once (the same seed) and shared by every layer and CCR variant, and each layer's
+    principal directions are found once for all its CCR variants (`geometry.shared_ccr`; the
+    results equal one `subspace_pga` call per layer and variant bit for bit when max(ccrs) ≤
+    geometry.CCR_BLOCK = 10). Shows a progress bar over layers × variants."""
     group = distributed.resolve_group(group)
     prof = distributed.prepare_on_every_rank("pga_profile", group, _check_profile, hidden_states_by_layer, W_U, basis,
                                              k, layout, ccrs, seed, n_null, method, backend, precision)
     out: Dict[int, List[PGAResult]] = {c: [] for c in prof.ccrs}
-    with reused_draws(), progress_bar(progress and distributed.is_main(group), total=len(prof.layers) * len(prof.ccrs),
-                                      desc="PGA profile", unit="layer", leave=True) as bar:
+    with reused_draws(), shared_ccr(max(prof.ccrs)), progress_bar(
+            progress and distributed.is_main(group), total=len(prof.layers) * len(prof.ccrs), desc="PGA profile",
+            unit="layer", leave=True) as bar:
         for c in prof.ccrs:
             for i, H in enumerate(prof.layers):
                 res = subspace_pga(H, basis=prof.readout, n_null=n_null, ccr=c, seed=seed, layout=layout,
@@ -180,7 +185,8 @@ def cross_model_agreement(H_a, H_b, basis_a: torch.Tensor, basis_b: torch.Tensor
 
 __all__ = [
     "CCRResult", "DegenerateInputWarning", "LAYOUTS", "METHODS", "PGAResult", "ReadoutBasis", "STREAM_BINS",
-    "alpha_req", "average_ranks", "center_and_ccr", "check_orthonormal", "condition_number", "cross_model_agreement",
+    "alpha_req", "average_ranks", "center_and_ccr", "check_orthonormal", "clear_readout_cache", "condition_number",
+    "cross_model_agreement",
     "direction_alignment", "grassmann_bases", "isotropy", "pairwise_cosine_distances", "pga_batch_bytes",
     "pga_profile", "rankme", "readout_basis", "spearman", "spectral_metrics", "subspace_pga",
 ]

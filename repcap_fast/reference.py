@@ -250,3 +250,53 @@ def subspace_rhos_reference(x: torch.Tensor, bases: torch.Tensor, progress=None,
         if progress is not None:
             progress.update(1)
     return rhos
+
+
+# ---------------------------------------------------------------- grassmann_normals (Philox)
+
+_PHILOX_MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
+_PHILOX_WEYL = (0x9E3779B9, 0xBB67AE85)
+_MASK32 = 0xFFFFFFFF
+
+
+def _mulhilo32(a: int, b: torch.Tensor):
+    """(hi, lo) 32-bit words of a·b for a constant a < 2^32 and int64 b in [0, 2^32), without
+    overflowing int64: b in 16-bit halves (each partial product < 2^48)."""
+    p0 = a * (b & 0xFFFF)
+    p1 = a * (b >> 16)
+    mid = p1 + (p0 >> 16)
+    return mid >> 16, ((mid & 0xFFFF) << 16) | (p0 & 0xFFFF)
+
+
+def philox4x32_10_reference(c0, c1, c2, c3, k0: int, k1: int):
+    """Philox4x32-10 (Random123) of counters (c0, c1, c2, c3), int64 tensors of 32-bit words,
+    under the key (k0, k1): the four output words as int64 tensors in [0, 2^32). The same rounds
+    as csrc/grassmann_normals.h, in int64 torch ops on any device."""
+    m0, m1 = _PHILOX_MULTIPLIERS
+    for _ in range(10):
+        hi0, lo0 = _mulhilo32(m0, c0)
+        hi1, lo1 = _mulhilo32(m1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + _PHILOX_WEYL[0]) & _MASK32, (k1 + _PHILOX_WEYL[1]) & _MASK32
+    return c0, c1, c2, c3
+
+
+def grassmann_normals_reference(n: int, d: int, k: int, seed: int, first_basis: int = 0, device="cpu") -> torch.Tensor:
+    """The (n, d, k) float64 standard normals of bases first_basis … first_basis + n − 1 for `seed`,
+    as csrc/grassmann_normals.h defines them (Philox4x32-10 keyed by the seed, counter
+    (e div 4, basis), two Box–Muller pairs per counter; entry (i, j) of a basis is normal i·k + j),
+    in plain torch ops on `device`."""
+    per_basis = d * k
+    groups = (per_basis + 3) // 4
+    group = torch.arange(groups, dtype=torch.int64, device=device).repeat(n)
+    basis = (torch.arange(n, dtype=torch.int64, device=device) + first_basis).repeat_interleave(groups)
+    words = philox4x32_10_reference(group & _MASK32, group >> 32, basis & _MASK32, basis >> 32,
+                                    seed & _MASK32, seed >> 32)
+    u = [(w.to(torch.float64) + 0.5) * 2.0**-32 for w in words]
+    out = []
+    for a, b in ((u[0], u[1]), (u[2], u[3])):
+        radius = torch.sqrt(-2.0 * torch.log(a))
+        angle = (2.0 * math.pi) * b
+        out += [radius * torch.cos(angle), radius * torch.sin(angle)]
+    normals = torch.stack(out, dim=1).reshape(n, groups * 4)[:, :per_basis]
+    return normals.reshape(n, d, k).contiguous()

@@ -214,7 +214,9 @@ def test_kernels_match_reference(n, d, k, ccr, dtype, device, backend):
     assert got.backend == backend
     # float64 H: float64 distances, the same ranks up to pairs tied within float64 rounding (at
     # N = 1025, 2.7e-12 in ρ on the CPU kernel); otherwise float32 distances.
-    tol = (1e-12 if n <= 300 else 1e-11) if dtype == torch.float64 else 2e-6 if device == "cpu" else 1e-5
+    # float32 distances from 16-bit H can reorder pairs that float64 tells apart: at N = 41,
+    # bfloat16, 2.6e-6 was measured on one null subspace (seed 2).
+    tol = (1e-12 if n <= 300 else 1e-11) if dtype == torch.float64 else 5e-6 if device == "cpu" else 1e-5
     assert got.rho_readout == pytest.approx(ref.rho_readout, abs=tol)
     np.testing.assert_allclose(got.null_rhos, ref.null_rhos, atol=tol)
     assert got.z == pytest.approx(ref.z, rel=1e-9 if dtype == torch.float64 else 1e-4, abs=1e-6)

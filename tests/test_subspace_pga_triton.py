@@ -90,7 +90,10 @@ def test_ranks_runs_across_small_blocks_and_sort_groups(kern, dtype, monkeypatch
     x = torch.from_numpy(signed_subsets(7)).to(dtype)
     bases = pga.grassmann_bases(16, 3, 3, seed=1).to(dtype)
     ref = ref_ranks_of(x)
-    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    # signed_subsets repeats rows (scaled): projected on a random basis, such a pair's distance is
+    # 0 or ±2e-16 depending on the summation order, so the kernel and the reference may split that
+    # tie differently (the documented ~1e-7 in ρ for float64 H); distinct rows agree to 1e-12.
+    tol = 5e-7 if dtype == torch.float64 else 2e-6
     np.testing.assert_allclose(kern.subspace_pga_rhos_triton(x, bases, ref).numpy(),
                                reference_rhos(x, bases), rtol=0, atol=tol)
 

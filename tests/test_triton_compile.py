@@ -47,7 +47,8 @@ def test_triton_kernels_compile_for_gpu(variant, compiled):
     names = {entry["kernel"] for entry in result["kernels"]}
     want = {"pairwise_cosine_stats": {"_pairwise_cosine_stats_kernel"},
             "subspace_pga": {"_subspace_pga_distance_kernel", "_subspace_pga_rank_kernel"},
-            "gram_offdiag_penalty": PENALTY_KERNELS[variant.get("kernels", "panel")]}[variant["op"]]
+            "gram_offdiag_penalty": PENALTY_KERNELS[variant.get("kernels", "panel")],
+            "grassmann_normals": {"_grassmann_normals_kernel"}}[variant["op"]]
     assert names == want, result
     for entry in result["kernels"]:
         assert entry["shared_bytes"] <= MAX_SHARED[variant["arch"]], entry

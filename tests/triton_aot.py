@@ -95,6 +95,12 @@ VARIANTS = [
      "arch": 90},
     {"op": "subspace_pga", "fn": "rhos", "dtype": "fp64", "n_tokens": 65536, "k": 100, "precision": "highest",
      "arch": 80},
+    # grassmann_normals: (bases, d, k, seed, first_basis); seed 1 and one basis of one normal make
+    # the arguments equal to 1 constexprs; 100 bases of 4096×100 and a 63-bit seed: 64-bit sizes
+    *[{"op": "grassmann_normals", "dtype": "fp64", "n": n, "d": d, "k": k, "seed": seed, "first_basis": first,
+       "arch": arch}
+      for n, d, k, seed, first, arch in [(100, 4096, 100, 0, 0, 90), (1, 1, 1, 1, 1, 90),
+                                         (3, 7, 5, 2**63 - 1, 2**40, 90), (100, 4096, 100, 12345, 0, 80)]],
 ]
 PENALTY_KERNELS = {"forward": {"_gram_offdiag_forward_kernel"}, "fused": {"_gram_offdiag_fused_kernel"},
                    "panel": {"_gram_panel_kernel", "_panel_merge_kernel", "_panel_gemm_kernel"}}
@@ -138,11 +144,16 @@ def launches_of(v) -> list:
     """Runs the variant's launcher on meta tensors; its recorded launches."""
 
     from repcap_fast.triton_kernels import gram_offdiag_penalty as penalty_module
+    from repcap_fast.triton_kernels import grassmann_normals as normals_module
     from repcap_fast.triton_kernels import pairwise_cosine_stats as cosine_module
     from repcap_fast.triton_kernels import subspace_pga as pga_module
     from repcap_fast.triton_kernels._utils import tile_counts
 
     dtype = DTYPES[v["dtype"]]
+    if v["op"] == "grassmann_normals":
+        out = torch.empty(v["n"], v["d"], v["k"], dtype=dtype, device=META)
+        return recorded_launches(normals_module, lambda: normals_module.grassmann_normals_triton(
+            out, v["seed"], v["first_basis"]))
     if v["op"] == "pairwise_cosine_stats":
         m, n, d = v["m"], v["n"], v["d"]
         a = torch.empty(m, d, dtype=dtype, device=META)

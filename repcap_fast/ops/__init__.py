@@ -1,4 +1,4 @@
-"""The three ops, one module each: its public function, its dispatch through
+"""The ops, one module each: its public function, its dispatch through
 ``repcap_fast._backends.KERNELS`` and its backend launchers.
 
 * ``pairwise_cosine_stats`` (and ``cosine_moments``, ``epsilon``): kernel 1;
@@ -6,8 +6,15 @@
 * ``gram_offdiag_penalty`` (and ``gram_offdiag_penalty_block``, ``gram_offdiag_row_stats``,
   ``gram_offdiag_max``): kernel 3.
 * ``subspace_pga``: kernel 2.
+* ``grassmann_normals``: the counter-based normals behind subspace_pga's null subspaces.
 """
 
 # The modules (not their functions, which share their names: repcap_fast.ops.subspace_pga is the
 # module, repcap_fast.subspace_pga the function). Importing them registers their launchers.
-from . import gram_offdiag_penalty, pairwise_cosine_stats, pairwise_cosine_stats_sharded, subspace_pga  # noqa: F401
+from . import (  # noqa: F401
+    gram_offdiag_penalty,
+    grassmann_normals,
+    pairwise_cosine_stats,
+    pairwise_cosine_stats_sharded,
+    subspace_pga,
+)

@@ -1,0 +1,70 @@
+"""grassmann_normals: the standard normals behind Subspace PGA's null subspaces, drawn on the
+tensors' device by a counter-based generator, so that a normal depends on (seed, basis, element)
+alone: the same values on CPU and GPU and whatever the batch (csrc/grassmann_normals.h):
+
+    key     = (seed mod 2^32, seed div 2^32)
+    counter = (g mod 2^32, g div 2^32, b mod 2^32, b div 2^32),  g = e div 4
+    words   = Philox4x32-10(counter, key)  →  u_i = (w_i + 1/2)·2^-32
+    (n_0, n_1) = sqrt(−2 ln u_0)·(cos 2πu_1, sin 2πu_1), (n_2, n_3) likewise;  normal e = n_(e mod 4)
+
+for element e = i·k + j, entry (i, j) of the d×k basis b. The words are bitwise equal on every
+backend; the normals differ only by the platform's log, cos and sin rounding (a few ulp).
+
+Layers: ``grassmann_normals`` (validates) → ``KERNELS["grassmann_normals"][backend]``
+(``_grassmann_normals_compiled`` for cpu and cuda, ``_grassmann_normals_triton``,
+``_grassmann_normals_torch``) → the kernels (torch.ops.repcap_fast.grassmann_normals from
+csrc/cpu and csrc/cuda, triton_kernels.grassmann_normals, reference.grassmann_normals_reference).
+Every launcher takes (out, seed, first_basis) and fills out (B×d×k, float64, contiguous).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import _validation as val
+from .._backends import launcher, register_kernel, resolve_backend, triton_kernels
+from ..reference import grassmann_normals_reference
+
+
+def _check_count(value, name: str, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
+    return int(value)
+
+
+def grassmann_normals(n: int, d: int, k: int, seed: int = 0, *, first_basis: int = 0, device="cpu",
+                      backend: str = "auto") -> torch.Tensor:
+    """The (n, d, k) float64 standard normals of bases first_basis … first_basis + n − 1 for
+    `seed`, drawn on `device` (see the module docstring): basis b's values do not depend on n,
+    first_basis, the device or the backend (beyond a few ulp of log/cos/sin).
+
+    backend: "auto" (the C++ kernel for CPU tensors; cuda, else triton, for CUDA tensors),
+    "cpu", "cuda", "triton" or "torch" (the reference, plain int64 torch ops)."""
+    n, d, k = _check_count(n, "n", 1), _check_count(d, "d", 1), _check_count(k, "k", 1)
+    seed = val.check_seed(seed)
+    first_basis = _check_count(first_basis, "first_basis", 0)
+    if first_basis + n > val.MAX_SEED:
+        raise ValueError(f"first_basis + n must be <= {val.MAX_SEED}, got {first_basis} + {n}")
+    device = torch.device(device)
+    name = resolve_backend(backend, device, "grassmann_normals")
+    out = torch.empty(n, d, k, dtype=torch.float64, device=device)
+    launcher("grassmann_normals", name)(out, seed, first_basis)
+    return out
+
+
+@register_kernel("grassmann_normals", "cpu", "cuda")
+def _grassmann_normals_compiled(out, seed, first_basis):
+    """The C++ op (csrc/grassmann_normals_ops.cpp), routed to the CPU or CUDA kernel by out's device."""
+    torch.ops.repcap_fast.grassmann_normals(out, seed, first_basis)
+
+
+@register_kernel("grassmann_normals", "triton")
+def _grassmann_normals_triton(out, seed, first_basis):
+    triton_kernels().grassmann_normals_triton(out, seed, first_basis)
+
+
+@register_kernel("grassmann_normals", "torch")
+def _grassmann_normals_torch(out, seed, first_basis):
+    n, d, k = out.shape
+    out.copy_(grassmann_normals_reference(n, d, k, seed, first_basis, device=out.device))
