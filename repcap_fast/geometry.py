@@ -99,11 +99,11 @@ def readout_basis(W_U, k: int = 100, layout: str = "hf", *, solver: str = "auto"
     val.check_choice(layout, "layout", LAYOUTS)
     val.check_choice(solver, "solver", eigen.SOLVERS)
     W = val.finite_matrix(W_U, "W_U")
-    key = (content_digest(W), int(k), layout, solver)
+    k = val.check_k(k, int(W.shape[1] if layout == "hf" else W.shape[0]))
+    key = (content_digest(W), k, layout, solver)
     if layout == "tl":
         W = W.T
     V, d = W.shape
-    k = val.check_k(k, d)
     hit = _READOUT_CACHE.get(key)
     if hit is not None:
         _READOUT_CACHE.move_to_end(key)
