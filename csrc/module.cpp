@@ -15,6 +15,7 @@
 #include "kernel_settings.h"
 #include "pairwise_cosine_stats_epilogue.h"
 #include "subspace_pga_epilogue.h"
+#include "cpu/subspace_pga_cpu.h"
 
 // Op contracts (inputs are validated by the public functions; the launchers check them again):
 //
@@ -131,6 +132,33 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(t >= 0 && t < static_cast<int64_t>(sorted.size()), "_run_bounds: t out of range");
     return std::make_tuple(repcap::run_start(sorted.data(), t),
                            repcap::run_end(sorted.data(), static_cast<int64_t>(sorted.size()), t));
+  });
+  // The CPU kernel's bucketed sort of packed items, on given 32-bit keys: the average ranks of the
+  // keys (payload = index), and the correlation sums against twice_ref (payload = twice_ref).
+  m.def("_bucketed_sort_ranks", [](const std::vector<uint32_t>& keys) {
+    const int64_t n = static_cast<int64_t>(keys.size());
+    std::vector<uint64_t> items(n), tmp(n);
+    std::vector<uint32_t> top_counts(repcap::cpu::kItemTopValues, 0);
+    for (int64_t t = 0; t < n; ++t) {
+      items[t] = (static_cast<uint64_t>(keys[t]) << 32) | static_cast<uint32_t>(t);
+      ++top_counts[keys[t] >> (32 - repcap::cpu::kItemTopBits)];
+    }
+    std::vector<double> ranks(n, -1.0);
+    repcap::cpu::sort_items_scatter_ranks(items.data(), tmp.data(), n, top_counts.data(), ranks.data());
+    return ranks;
+  });
+  m.def("_bucketed_sort_correlation", [](const std::vector<uint32_t>& keys, const std::vector<uint32_t>& twice_ref) {
+    TORCH_CHECK(keys.size() == twice_ref.size(), "_bucketed_sort_correlation: sizes differ");
+    const int64_t n = static_cast<int64_t>(keys.size());
+    std::vector<uint64_t> items(n), tmp(n);
+    std::vector<uint32_t> top_counts(repcap::cpu::kItemTopValues, 0);
+    for (int64_t t = 0; t < n; ++t) {
+      items[t] = (static_cast<uint64_t>(keys[t]) << 32) | twice_ref[t];
+      ++top_counts[keys[t] >> (32 - repcap::cpu::kItemTopBits)];
+    }
+    const repcap::RankCorrelationPartial p =
+        repcap::cpu::sort_items_correlate(items.data(), tmp.data(), n, top_counts.data());
+    return std::make_tuple(p.cross, p.sum_sq);
   });
   m.def("_rank_correlation_sorted",
         [](const std::vector<uint64_t>& sorted, const std::vector<uint32_t>& twice_ref, double ref_sum_sq) {

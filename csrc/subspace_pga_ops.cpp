@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -79,16 +80,18 @@ bool normalize_rows(at::Tensor& p) {
   return true;
 }
 
-// Per-subspace working memory and the sorted pairs of one subspace. float32 distances travel as
-// packed items (key << 32 | payload, 8 B and a sort twin); float64 ones as 8-byte keys and 4-byte
+// Per-subspace working memory. float32 distances travel as packed items (key << 32 | payload, 8 B
+// and a sort twin) with the counts of their keys' top bits; float64 ones as 8-byte keys and 4-byte
 // payloads (and their sort twins). Plus a 256×N Gram tile and the projection.
 template <typename T>
 struct PairBuffers {
   static constexpr bool kPacked = std::is_same<T, float>::value;
   using Key = typename repcap::cpu::KeyFor<T>::type;
-  std::vector<uint64_t> items, tmp_items;    // packed
+  std::unique_ptr<uint64_t[]> items, tmp_items;  // packed (not zero-filled: every pair is written)
+  std::vector<uint32_t> top_counts;
   std::vector<Key> keys, tmp_keys;           // split
   std::vector<uint32_t> payloads, tmp_payloads;
+  bool sorted_in_tmp = false;                // split: where radix_sort_pairs left the result
   at::Tensor tile;
   at::Tensor proj;
 
@@ -96,8 +99,9 @@ struct PairBuffers {
   PairBuffers(int64_t n_tokens, int64_t k, const at::TensorOptions& options) {
     const int64_t n = n_tokens * (n_tokens - 1) / 2;
     if (kPacked) {
-      items.resize(n);
-      tmp_items.resize(n);
+      items.reset(new uint64_t[n]);
+      tmp_items.reset(new uint64_t[n]);
+      top_counts.resize(repcap::cpu::kItemTopValues);
     } else {
       keys.resize(n);
       tmp_keys.resize(n);
@@ -108,17 +112,18 @@ struct PairBuffers {
     proj = at::empty({n_tokens, k}, options);
   }
 
-  // Sorts the pairs of the unit rows u by cosine distance, each carrying payload[pair] (twice
-  // the reference rank) or, when payload is null, its pair index.
-  void sort_distances(const at::Tensor& u, const uint32_t* payload) {
+  // Writes the pairs of the unit rows u with their cosine distances, each carrying payload[pair]
+  // (twice the reference rank) or, when payload is null, its pair index; the split (float64)
+  // pairs are also sorted here, the packed ones by scatter_ranks or correlate.
+  void write_distances(const at::Tensor& u, const uint32_t* payload) {
     const int64_t n_tokens = u.size(0);
     const int64_t n = n_tokens * (n_tokens - 1) / 2;
-    if (!kPacked) {
-      if (payload != nullptr) {
-        std::copy(payload, payload + n, payloads.begin());
-      } else {
-        for (int64_t t = 0; t < n; ++t) payloads[t] = static_cast<uint32_t>(t);
-      }
+    if constexpr (kPacked) {
+      std::fill(top_counts.begin(), top_counts.end(), 0u);
+    } else if (payload != nullptr) {
+      std::copy(payload, payload + n, payloads.begin());
+    } else {
+      for (int64_t t = 0; t < n; ++t) payloads[t] = static_cast<uint32_t>(t);
     }
     for (int64_t row0 = 0; row0 + 1 < n_tokens; row0 += kTileRows) {
       const int64_t rows = std::min(kTileRows, n_tokens - row0);
@@ -127,32 +132,34 @@ struct PairBuffers {
       at::mm_out(dots, u.narrow(0, row0, rows), u.narrow(0, row0, cols).t());
       if constexpr (kPacked) {
         repcap::cpu::write_distance_items(dots.data_ptr<float>(), cols, rows, cols, row0, row0, n_tokens,
-                                          payload, items.data());
+                                          payload, items.get(), top_counts.data());
       } else {
         repcap::cpu::write_distance_keys<T>(dots.data_ptr<T>(), cols, rows, cols, row0, row0, n_tokens,
                                             keys.data());
       }
     }
-    if constexpr (kPacked) {
-      repcap::cpu::radix_sort_items(items.data(), tmp_items.data(), n);
-    } else {
-      repcap::cpu::radix_sort_pairs<Key>(keys.data(), payloads.data(), tmp_keys.data(), tmp_payloads.data(), n);
+    if constexpr (!kPacked) {
+      sorted_in_tmp = repcap::cpu::radix_sort_pairs<Key>(keys.data(), payloads.data(), tmp_keys.data(),
+                                                         tmp_payloads.data(), n);
     }
   }
 
-  void scatter_ranks(int64_t n, double* ranks) const {
+  const Key* sorted_keys() const { return sorted_in_tmp ? tmp_keys.data() : keys.data(); }
+  const uint32_t* sorted_payloads() const { return sorted_in_tmp ? tmp_payloads.data() : payloads.data(); }
+
+  void scatter_ranks(int64_t n, double* ranks) {
     if constexpr (kPacked) {
-      repcap::cpu::scatter_average_ranks_items(items.data(), n, ranks);
+      repcap::cpu::sort_items_scatter_ranks(items.get(), tmp_items.get(), n, top_counts.data(), ranks);
     } else {
-      repcap::cpu::scatter_average_ranks(keys.data(), payloads.data(), n, ranks);
+      repcap::cpu::scatter_average_ranks(sorted_keys(), sorted_payloads(), n, ranks);
     }
   }
 
-  repcap::RankCorrelationPartial correlate(int64_t n) const {
+  repcap::RankCorrelationPartial correlate(int64_t n) {
     if constexpr (kPacked) {
-      return repcap::cpu::correlate_ranks_items(items.data(), n);
+      return repcap::cpu::sort_items_correlate(items.get(), tmp_items.get(), n, top_counts.data());
     } else {
-      return repcap::cpu::correlate_ranks(keys.data(), payloads.data(), n);
+      return repcap::cpu::correlate_ranks(sorted_keys(), sorted_payloads(), n);
     }
   }
 };
@@ -167,15 +174,16 @@ at::Tensor subspace_pga_ranks_cpu(const at::Tensor& x_in) {
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "subspace_pga_ranks", [&] {
     TORCH_CHECK(normalize_rows<scalar_t>(x), "subspace_pga_ranks: x has a zero row");
     PairBuffers<scalar_t> buffers(n_tokens, 1, x.options());
-    buffers.sort_distances(x, nullptr);
+    buffers.write_distances(x, nullptr);
     buffers.scatter_ranks(n, ranks.data_ptr<double>());
   });
   return ranks;
 }
 
 // Subspaces are shared among OpenMP threads; each thread runs one subspace at a time: the
-// projection x·B_b and its Gram tiles with single-threaded BLAS, the keys, the radix sort and
-// the rank correlation. Memory: 2·(key + 4 B)·N(N−1)/2 and a 256×N tile per thread.
+// projection x·B_b and its Gram tiles with single-threaded BLAS, the keys, their sort and the
+// rank correlation. Memory per thread: 2·(key + 4 B)·N(N−1)/2, a 256×N tile and (float32) the
+// 256 KiB of top-bit counts.
 at::Tensor subspace_pga_rhos_cpu(const at::Tensor& x_in, const at::Tensor& bases_in,
                                  const at::Tensor& ref_ranks_in) {
   const int64_t n = check_rhos_inputs(x_in, bases_in, ref_ranks_in);
@@ -214,7 +222,7 @@ at::Tensor subspace_pga_rhos_cpu(const at::Tensor& x_in, const at::Tensor& bases
         [&](int, int64_t b, Buffers& buf) {
           at::mm_out(buf.proj, x, bases[b]);
           if (!normalize_rows<scalar_t>(buf.proj)) return;  // ρ stays NaN: a projected row is 0
-          buf.sort_distances(buf.proj, twice_ref.data());
+          buf.write_distances(buf.proj, twice_ref.data());
           const repcap::RankCorrelationPartial partial = buf.correlate(n);
           out[b] = repcap::rank_correlation(partial, ref_sum_sq);
         });

@@ -34,6 +34,9 @@ class ReadoutBasis(NamedTuple):
 
 _READOUT_CACHE: "OrderedDict[tuple, ReadoutBasis]" = OrderedDict()
 _READOUT_CACHE_SIZE = 8
+_DRAW_CACHE: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+_DRAW_CACHE_SIZE = 2
+_DRAW_CACHE_MAX_BYTES = 256 << 20  # a larger draw is not kept
 _DIGEST_CHUNK = 1 << 20
 _DIGEST_PRIME = 2**31 - 1
 _DIGEST_WEIGHTS: Dict[str, torch.Tensor] = {}
@@ -77,8 +80,10 @@ def _device_fingerprint(x: torch.Tensor) -> Tuple[int, int]:
 
 
 def clear_readout_cache() -> None:
-    """Forgets every cached readout basis (`readout_basis` decomposes W_U again)."""
+    """Forgets every cached readout basis (`readout_basis` decomposes W_U again) and every kept
+    null draw (`grassmann_bases` draws again)."""
     _READOUT_CACHE.clear()
+    _DRAW_CACHE.clear()
 
 
 def readout_basis(W_U, k: int = 100, layout: str = "hf", *, solver: str = "auto") -> ReadoutBasis:
@@ -185,9 +190,16 @@ def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, 
     k = val.check_k(k, int(d))
     n, d, seed = int(n), int(d), val.check_seed(seed)
     draws = _DRAWS.get()
-    key = (d, k, n, int(seed), dtype, str(torch.device(device)))
+    key = (d, k, n, int(seed), dtype, str(torch.device(device)), backend)
     if draws is not None and key in draws:
         return draws[key]
+    kept = _DRAW_CACHE.get(key)
+    if kept is not None:  # a loop over layers draws the same bases: copy the kept ones
+        _DRAW_CACHE.move_to_end(key)
+        out = kept.clone()
+        if draws is not None:
+            draws[key] = out
+        return out
     out = torch.empty(n, d, k, dtype=dtype, device=device)
     per_batch = max(1, _CHUNK_BYTES // (8 * d * k))  # 32 MiB of normals at a time
     for b0 in range(0, n, per_batch):
@@ -196,6 +208,10 @@ def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, 
         out[b0 : b0 + normals.shape[0]] = _orthonormalize(normals).to(dtype)
     if draws is not None:
         draws[key] = out
+    if out.numel() * out.element_size() <= _DRAW_CACHE_MAX_BYTES:
+        _DRAW_CACHE[key] = out.clone()
+        while len(_DRAW_CACHE) > _DRAW_CACHE_SIZE:
+            _DRAW_CACHE.popitem(last=False)
     return out
 
 

@@ -1,5 +1,6 @@
 """The shared host/device headers (csrc/*_epilogue.h), called from the CPU build through test
-hooks of repcap_fast._C: the CUDA kernels run exactly these functions."""
+hooks of repcap_fast._C: the CUDA kernels run exactly these functions. Also the CPU kernel's
+bucketed sort of subspace PGA's pairs, through its hooks."""
 
 import math
 
@@ -113,3 +114,39 @@ def test_penalty_term_and_rescaling():
     inv_max, alpha, beta = _C._penalty_rescale_f64(0.5, 2.0, 4)
     assert (inv_max, alpha, beta) == (0.5, 0.25**4, 0.25**3)
     assert _C._penalty_rescale_f64(0.0, 0.0, 4) == (0.0, 1.0, 1.0)
+
+
+def _bucketed_cases():
+    r = np.random.default_rng(21)
+    top = lambda v: np.asarray(v, dtype=np.uint32) << np.uint32(16)  # noqa: E731
+    gauss = np.clip(1 - 0.125 * r.standard_normal(200_000), 0, 2).astype(np.float32)
+    return {
+        "one": np.array([7], dtype=np.uint32),
+        "two equal": np.array([3, 3], dtype=np.uint32),
+        "all equal": np.full(50_000, 0x9000ABCD, dtype=np.uint32),
+        "uniform 32-bit": r.integers(0, 2**32, 60_000, dtype=np.uint64).astype(np.uint32),
+        "extremes": r.choice(np.array([0, 2**32 - 1], dtype=np.uint32), 40_000),
+        "one top value, ties": top(0x8000) + r.integers(0, 300, 30_000).astype(np.uint32),
+        "one top value over a bucket": top(0x8000) + r.integers(0, 2**16, 120_000).astype(np.uint32),
+        "adjacent top values": top(0x8000) + r.integers(0, 2**18, 120_000).astype(np.uint32),
+        "ties across 50 top values": top(r.integers(0, 50, 90_000)) + r.integers(0, 3, 90_000).astype(np.uint32),
+        "sparse top values": top(r.integers(0, 2**16, 100_000)) + r.integers(0, 2**16, 100_000).astype(np.uint32),
+        "distances": np.array([_C._sortable_key_f32(float(v)) for v in gauss], dtype=np.uint32),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bucketed_cases()))
+def test_bucketed_sort_gives_scipy_average_ranks_and_correlation(case):
+    """The CPU kernel's sort of packed items (a scatter by the keys' top 16 bits into buckets,
+    then each bucket sorted in cache) on keys that hit its edges: one item, all equal, both
+    extremes, a top value holding more than a bucket, ties next to bucket borders."""
+    keys = _bucketed_cases()[case]
+    ranks = np.asarray(_C._bucketed_sort_ranks(keys.tolist()))
+    expected = rankdata(keys.astype(np.int64), method="average")
+    np.testing.assert_array_equal(ranks, expected)
+    n = keys.size
+    twice_ref = 2 * np.random.default_rng(3).permutation(n).astype(np.int64) + 2
+    cross, sum_sq = _C._bucketed_sort_correlation(keys.tolist(), twice_ref.astype(np.uint32).tolist())
+    mean = (n + 1) / 2
+    assert cross == pytest.approx(float(np.sum((expected - mean) * (twice_ref / 2 - mean))), rel=1e-12, abs=1e-6)
+    assert sum_sq == pytest.approx(float(np.sum((expected - mean) ** 2)), rel=1e-12, abs=1e-6)

@@ -69,3 +69,22 @@ def test_reused_draws_give_the_same_tensor_inside_the_block_only():
         assert pga.grassmann_bases(10, 2, 5, seed=2) is not a
     b = pga.grassmann_bases(10, 2, 5, seed=1)
     assert b is not a and torch.equal(a, b)
+
+
+def test_kept_draws_are_copies_and_equal_a_fresh_draw(monkeypatch):
+    pga.clear_readout_cache()
+    draws = []
+    real = geometry._orthonormalize
+    monkeypatch.setattr(geometry, "_orthonormalize", lambda g_: draws.append(1) or real(g_))
+    a = pga.grassmann_bases(10, 3, 6, seed=4)
+    a_copy = a.clone()
+    a.zero_()  # the caller owns what it gets: the kept draw is unchanged
+    b = pga.grassmann_bases(10, 3, 6, seed=4)
+    assert len(draws) == 1 and torch.equal(b, a_copy)
+    pga.clear_readout_cache()
+    assert torch.equal(pga.grassmann_bases(10, 3, 6, seed=4), a_copy) and len(draws) == 2
+    monkeypatch.setattr(geometry, "_DRAW_CACHE_MAX_BYTES", 8 * 10 * 3 * 6 - 1)  # too large to keep
+    pga.clear_readout_cache()
+    pga.grassmann_bases(10, 3, 6, seed=4)
+    pga.grassmann_bases(10, 3, 6, seed=4)
+    assert len(draws) == 4

@@ -106,6 +106,7 @@ def test_profile_equals_one_call_per_layer_and_draws_once(monkeypatch):
     draws = []
     real = geometry._orthonormalize
     monkeypatch.setattr(geometry, "_orthonormalize", lambda g_: draws.append(1) or real(g_))
+    pga.clear_readout_cache()  # also forgets the kept draws of earlier tests
     prof = pga.pga_profile(layers, w, k=4, n_null=6, ccrs=(1, 2), progress=False)
     assert len(draws) == 1  # one draw for 3 layers × 2 CCR variants
     for c in (1, 2):

@@ -60,18 +60,20 @@ std::vector<int64_t> radix_offsets(const Word* words, int64_t n, bool* active) {
 }
 
 template <typename Key>
-void radix_sort_pairs(Key* keys, uint32_t* values, Key* tmp_keys, uint32_t* tmp_values, int64_t n) {
+bool radix_sort_pairs(Key* keys, uint32_t* values, Key* tmp_keys, uint32_t* tmp_values, int64_t n) {
   constexpr int kDigits = 8 * static_cast<int>(sizeof(Key)) / kRadixBits;
   bool active[kDigits];
   std::vector<int64_t> offsets = radix_offsets<kDigits, 0>(keys, n, active);
   bool in_tmp = false;  // ping-pong between (keys, values) and (tmp_keys, tmp_values)
   for (int digit = 0; digit < kDigits; ++digit) {
     if (!active[digit]) continue;
-    int64_t* count = offsets.data() + digit * kRadixBuckets;
-    const Key* src_keys = in_tmp ? tmp_keys : keys;
-    const uint32_t* src_values = in_tmp ? tmp_values : values;
-    Key* dst_keys = in_tmp ? keys : tmp_keys;
-    uint32_t* dst_values = in_tmp ? values : tmp_values;
+    // __restrict: as far as the compiler knows the int64 counters may alias the uint64 keys, and
+    // it would reload the counter after every store (about 2× slower).
+    int64_t* __restrict count = offsets.data() + digit * kRadixBuckets;
+    const Key* __restrict src_keys = in_tmp ? tmp_keys : keys;
+    const uint32_t* __restrict src_values = in_tmp ? tmp_values : values;
+    Key* __restrict dst_keys = in_tmp ? keys : tmp_keys;
+    uint32_t* __restrict dst_values = in_tmp ? values : tmp_values;
     const int shift = kRadixBits * digit;
     for (int64_t t = 0; t < n; ++t) {
       const Key key = src_keys[t];
@@ -81,31 +83,111 @@ void radix_sort_pairs(Key* keys, uint32_t* values, Key* tmp_keys, uint32_t* tmp_
     }
     in_tmp = !in_tmp;
   }
-  if (in_tmp) {
-    std::copy(tmp_keys, tmp_keys + n, keys);
-    std::copy(tmp_values, tmp_values + n, values);
+  return in_tmp;
+}
+
+namespace {
+
+inline uint32_t item_top(uint64_t item) { return static_cast<uint32_t>(item >> (64 - kItemTopBits)); }
+inline uint32_t item_key(uint64_t item) { return static_cast<uint32_t>(item >> 32); }
+
+// One bucket of the packed-item sort: sorted positions [start, start + size), keys whose top
+// bits lie in [top_lo, top_hi].
+struct ItemBucket {
+  int64_t start;
+  uint32_t size;
+  uint32_t top_lo, top_hi;
+};
+
+// Consecutive top values grouped into buckets of at most `target` items (a value that alone holds
+// more is a bucket of its own); top_counts[v] becomes the bucket index of value v.
+std::vector<ItemBucket> plan_item_buckets(uint32_t* top_counts, int64_t target) {
+  std::vector<ItemBucket> buckets;
+  int64_t position = 0;
+  for (uint32_t v = 0; v < static_cast<uint32_t>(kItemTopValues); ++v) {
+    const uint32_t count = top_counts[v];
+    if (count == 0) continue;
+    if (buckets.empty() || static_cast<int64_t>(buckets.back().size) + count > target) {
+      buckets.push_back(ItemBucket{position, 0, v, v});
+    }
+    ItemBucket& bucket = buckets.back();
+    bucket.size += count;
+    bucket.top_hi = v;
+    position += count;
+    top_counts[v] = static_cast<uint32_t>(buckets.size() - 1);
+  }
+  return buckets;
+}
+
+// LSD radix sort of one bucket's items by key − (top_lo << 16), in the fewest digits of at most
+// 8 bits that cover the bucket's key range (a digit equal for all items is skipped), ping-ponging
+// between a and b (in cache for a bucket of a few thousand items). Returns where the sorted items
+// are: a or b.
+uint64_t* sort_item_bucket(uint64_t* a, uint64_t* b, const ItemBucket& bucket) {
+  const uint32_t m = bucket.size;
+  if (m < 2) return a;
+  constexpr int kLowBits = 32 - kItemTopBits;
+  const uint32_t lo = bucket.top_lo << kLowBits;
+  const uint32_t span = ((bucket.top_hi - bucket.top_lo) << kLowBits) | ((1u << kLowBits) - 1);
+  const int width = 32 - __builtin_clz(span);
+  const int passes = (width + 7) / 8;
+  const int bits = (width + passes - 1) / passes;
+  const uint32_t mask = (1u << bits) - 1;
+  const int radix = 1 << bits;
+  uint32_t counts[4][256];
+  for (int digit = 0; digit < passes; ++digit) std::fill(counts[digit], counts[digit] + radix, 0u);
+  for (uint32_t t = 0; t < m; ++t) {
+    const uint32_t key = item_key(a[t]) - lo;
+    for (int digit = 0; digit < passes; ++digit) ++counts[digit][(key >> (bits * digit)) & mask];
+  }
+  uint64_t* src = a;
+  uint64_t* dst = b;
+  for (int digit = 0; digit < passes; ++digit) {
+    uint32_t* __restrict count = counts[digit];
+    if (*std::max_element(count, count + radix) == m) continue;  // one digit value for all
+    uint32_t offset = 0;
+    for (int v = 0; v < radix; ++v) {
+      const uint32_t here = count[v];
+      count[v] = offset;
+      offset += here;
+    }
+    const int shift = bits * digit;
+    const uint64_t* __restrict from = src;
+    uint64_t* __restrict to = dst;
+    for (uint32_t t = 0; t < m; ++t) {
+      const uint64_t item = from[t];
+      to[count[((item_key(item) - lo) >> shift) & mask]++] = item;
+    }
+    std::swap(src, dst);
+  }
+  return src;
+}
+
+// The items sorted bucket by bucket: a stable counting scatter by the top bits of the key from
+// items into tmp, then each bucket sorted in cache; visit(sorted, bucket) sees the buckets in key
+// order. Equal keys share their top bits, so a run of ties never crosses a bucket.
+template <typename Visit>
+void for_each_sorted_bucket(uint64_t* items, uint64_t* tmp, int64_t n, uint32_t* top_counts, Visit visit) {
+  // A few thousand items per bucket (both copies stay in L1/L2); for large n at most about 256
+  // buckets, so that the scatter writes few streams.
+  const int64_t target = std::max<int64_t>(2048, n / 256);
+  const std::vector<ItemBucket> buckets = plan_item_buckets(top_counts, target);
+  std::vector<int64_t> next(buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) next[b] = buckets[b].start;
+  const uint64_t* __restrict from = items;
+  uint64_t* __restrict to = tmp;
+  int64_t* __restrict cursor = next.data();
+  const uint32_t* __restrict bucket_of = top_counts;
+  for (int64_t t = 0; t < n; ++t) {
+    const uint64_t item = from[t];
+    to[cursor[bucket_of[item_top(item)]]++] = item;
+  }
+  for (const ItemBucket& bucket : buckets) {
+    visit(sort_item_bucket(tmp + bucket.start, items + bucket.start, bucket), bucket);
   }
 }
 
-void radix_sort_items(uint64_t* items, uint64_t* tmp, int64_t n) {
-  constexpr int kDigits = 4;  // the high 32 bits
-  bool active[kDigits];
-  std::vector<int64_t> offsets = radix_offsets<kDigits, 32>(items, n, active);
-  bool in_tmp = false;
-  for (int digit = 0; digit < kDigits; ++digit) {
-    if (!active[digit]) continue;
-    int64_t* count = offsets.data() + digit * kRadixBuckets;
-    const uint64_t* src = in_tmp ? tmp : items;
-    uint64_t* dst = in_tmp ? items : tmp;
-    const int shift = 32 + kRadixBits * digit;
-    for (int64_t t = 0; t < n; ++t) {
-      const uint64_t item = src[t];
-      dst[count[(item >> shift) & (kRadixBuckets - 1)]++] = item;
-    }
-    in_tmp = !in_tmp;
-  }
-  if (in_tmp) std::copy(tmp, tmp + n, items);
-}
+}  // namespace
 
 // Sorted pairs as two arrays (keys, 32-bit payloads) or as packed items (key << 32 | payload).
 template <typename Key>
@@ -124,45 +206,52 @@ struct PackedSorted {
   uint32_t payload(int64_t t) const { return static_cast<uint32_t>(items[t]); }
 };
 
+// ranks[payload of t] = the average rank of sorted position first + t, for the n sorted values
+// of a span that no run of ties crosses.
 template <typename Sorted>
-void scatter_ranks(const Sorted& sorted, int64_t n, double* ranks) {
+void scatter_ranks(const Sorted& sorted, int64_t n, int64_t first, double* ranks) {
   int64_t start = 0;
   while (start < n) {
     const int64_t end = sorted.run_end_at(n, start);
-    const double rank = average_rank(start, end);
+    const double rank = average_rank(first + start, first + end);
     for (int64_t t = start; t < end; ++t) ranks[sorted.payload(t)] = rank;
     start = end;
   }
 }
 
-// Σ_t (t + 1 − m)(v_t/2 − m), v_t the payloads, vectorized for AVX-512, AVX2 and the baseline.
-REPCAP_PGA_CLONES static double plain_rank_cross(const uint32_t* twice_ref, int64_t n, double mean) {
+// Σ_t (first + t + 1 − m)(v_t/2 − m), v_t the payloads, vectorized for AVX-512, AVX2 and the
+// baseline.
+REPCAP_PGA_CLONES static double plain_rank_cross(const uint32_t* twice_ref, int64_t n, int64_t first, double mean) {
+  const double shift = static_cast<double>(first + 1) - mean;
   double cross = 0.0;
 #pragma omp simd reduction(+ : cross)
   for (int64_t t = 0; t < n; ++t) {
-    cross += (static_cast<double>(t + 1) - mean) * (0.5 * static_cast<double>(twice_ref[t]) - mean);
+    cross += (static_cast<double>(t) + shift) * (0.5 * static_cast<double>(twice_ref[t]) - mean);
   }
   return cross;
 }
 
-REPCAP_PGA_CLONES static double plain_rank_cross(const uint64_t* items, int64_t n, double mean) {
+REPCAP_PGA_CLONES static double plain_rank_cross(const uint64_t* items, int64_t n, int64_t first, double mean) {
+  const double shift = static_cast<double>(first + 1) - mean;
   double cross = 0.0;
 #pragma omp simd reduction(+ : cross)
   for (int64_t t = 0; t < n; ++t) {
     const double twice = static_cast<double>(static_cast<uint32_t>(items[t]));
-    cross += (static_cast<double>(t + 1) - mean) * (0.5 * twice - mean);
+    cross += (static_cast<double>(t) + shift) * (0.5 * twice - mean);
   }
   return cross;
 }
 
-// plain_cross = Σ (t + 1 − m)(s_t − m), the cross term as if there were no ties; each run of
-// equal keys [start, end) then takes its average rank instead, and Σ (t + 1 − m)² = n(n² − 1)/12.
+// For n sorted values at sorted positions first.. of all `total` pairs (a span that no run of ties
+// crosses), given plain_cross = Σ (first + t + 1 − m)(s_t − m), the cross term as if there were no
+// ties: each run of equal keys [start, end) takes its average rank instead, which adds to the
+// cross term and to Σ (r − m)² (whose tie-free value n(n² − 1)/12 over all pairs the caller adds).
 template <typename Sorted>
-RankCorrelationPartial correlate(const Sorted& sorted, int64_t n, double plain_cross) {
-  const double mean = 0.5 * static_cast<double>(n + 1);
-  const double nd = static_cast<double>(n);
+RankCorrelationPartial correct_for_ties(const Sorted& sorted, int64_t n, int64_t first, int64_t total,
+                                        double plain_cross) {
+  const double mean = 0.5 * static_cast<double>(total + 1);
   double cross = plain_cross;
-  double sum_sq = nd * (nd * nd - 1.0) / 12.0;
+  double sum_sq = 0.0;
   int64_t t = 0;
   while (t + 1 < n) {
     if (!sorted.same_key(t, t + 1)) {
@@ -171,9 +260,9 @@ RankCorrelationPartial correlate(const Sorted& sorted, int64_t n, double plain_c
     }
     const int64_t start = t;
     const int64_t end = sorted.run_end_at(n, start);
-    const double avg = average_rank(start, end);
+    const double avg = average_rank(first + start, first + end);
     for (int64_t u = start; u < end; ++u) {
-      const double plain = static_cast<double>(u + 1);
+      const double plain = static_cast<double>(first + u + 1);
       cross += (avg - plain) * (0.5 * static_cast<double>(sorted.payload(u)) - mean);
       sum_sq += (avg - mean) * (avg - mean) - (plain - mean) * (plain - mean);
     }
@@ -182,57 +271,71 @@ RankCorrelationPartial correlate(const Sorted& sorted, int64_t n, double plain_c
   return RankCorrelationPartial{cross, sum_sq};
 }
 
+static double tie_free_sum_sq(int64_t n) {
+  const double nd = static_cast<double>(n);
+  return nd * (nd * nd - 1.0) / 12.0;
+}
+
 template <typename Key>
 void scatter_average_ranks(const Key* sorted_keys, const uint32_t* sorted_pairs, int64_t n,
                            double* ranks) {
-  scatter_ranks(SplitSorted<Key>{sorted_keys, sorted_pairs}, n, ranks);
+  scatter_ranks(SplitSorted<Key>{sorted_keys, sorted_pairs}, n, 0, ranks);
 }
 
 template <typename Key>
 RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* sorted_twice_ref,
                                        int64_t n) {
   const double mean = 0.5 * static_cast<double>(n + 1);
-  return correlate(SplitSorted<Key>{sorted_keys, sorted_twice_ref}, n,
-                   plain_rank_cross(sorted_twice_ref, n, mean));
+  RankCorrelationPartial partial = correct_for_ties(SplitSorted<Key>{sorted_keys, sorted_twice_ref}, n, 0, n,
+                                                    plain_rank_cross(sorted_twice_ref, n, 0, mean));
+  partial.sum_sq += tie_free_sum_sq(n);
+  return partial;
 }
 
-void scatter_average_ranks_items(const uint64_t* sorted_items, int64_t n, double* ranks) {
-  scatter_ranks(PackedSorted{sorted_items}, n, ranks);
+void sort_items_scatter_ranks(uint64_t* items, uint64_t* tmp, int64_t n, uint32_t* top_counts, double* ranks) {
+  for_each_sorted_bucket(items, tmp, n, top_counts, [&](const uint64_t* sorted, const ItemBucket& bucket) {
+    scatter_ranks(PackedSorted{sorted}, bucket.size, bucket.start, ranks);
+  });
 }
 
-RankCorrelationPartial correlate_ranks_items(const uint64_t* sorted_items, int64_t n) {
+RankCorrelationPartial sort_items_correlate(uint64_t* items, uint64_t* tmp, int64_t n, uint32_t* top_counts) {
   const double mean = 0.5 * static_cast<double>(n + 1);
-  return correlate(PackedSorted{sorted_items}, n, plain_rank_cross(sorted_items, n, mean));
+  RankCorrelationPartial total{0.0, tie_free_sum_sq(n)};
+  for_each_sorted_bucket(items, tmp, n, top_counts, [&](const uint64_t* sorted, const ItemBucket& bucket) {
+    const RankCorrelationPartial part =
+        correct_for_ties(PackedSorted{sorted}, bucket.size, bucket.start, n,
+                         plain_rank_cross(sorted, bucket.size, bucket.start, mean));
+    total.cross += part.cross;
+    total.sum_sq += part.sum_sq;
+  });
+  return total;
 }
 
 void write_distance_items(const float* dots, int64_t ld, int64_t rows, int64_t cols, int64_t row0,
-                          int64_t col0, int64_t n, const uint32_t* payload, uint64_t* items) {
+                          int64_t col0, int64_t n, const uint32_t* payload, uint64_t* items,
+                          uint32_t* top_counts) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = row0 + r;
     const int64_t first = std::max<int64_t>(0, i + 1 - col0);  // columns j > i
     if (first >= cols) continue;
     const int64_t pair0 = condensed_pair_index(i, col0 + first, n);  // consecutive from here
-    uint64_t* out = items + pair0;
+    uint64_t* __restrict out = items + pair0;
+    uint32_t* __restrict counts = top_counts;
     const float* row = dots + r * ld;
     const int64_t count = cols - first;
-    if (payload != nullptr) {
-      const uint32_t* low = payload + pair0;
-      for (int64_t c = 0; c < count; ++c) {
-        const float dist = std::min(2.0f, std::max(0.0f, 1.0f - row[first + c]));
-        out[c] = (static_cast<uint64_t>(sortable_key(dist)) << 32) | low[c];
-      }
-    } else {
-      for (int64_t c = 0; c < count; ++c) {
-        const float dist = std::min(2.0f, std::max(0.0f, 1.0f - row[first + c]));
-        out[c] = (static_cast<uint64_t>(sortable_key(dist)) << 32) | static_cast<uint64_t>(pair0 + c);
-      }
+    for (int64_t c = 0; c < count; ++c) {
+      const float dist = std::min(2.0f, std::max(0.0f, 1.0f - row[first + c]));
+      const uint32_t key = sortable_key(dist);
+      const uint32_t low = payload != nullptr ? payload[pair0 + c] : static_cast<uint32_t>(pair0 + c);
+      out[c] = (static_cast<uint64_t>(key) << 32) | low;
+      ++counts[key >> (32 - kItemTopBits)];
     }
   }
 }
 
 template void write_distance_keys<double>(const double*, int64_t, int64_t, int64_t, int64_t,
                                           int64_t, int64_t, uint64_t*);
-template void radix_sort_pairs<uint64_t>(uint64_t*, uint32_t*, uint64_t*, uint32_t*, int64_t);
+template bool radix_sort_pairs<uint64_t>(uint64_t*, uint32_t*, uint64_t*, uint32_t*, int64_t);
 template void scatter_average_ranks<uint64_t>(const uint64_t*, const uint32_t*, int64_t, double*);
 template RankCorrelationPartial correlate_ranks<uint64_t>(const uint64_t*, const uint32_t*, int64_t);
 

@@ -28,9 +28,10 @@ void write_distance_keys(const T* dots, int64_t ld, int64_t rows, int64_t cols, 
                          int64_t col0, int64_t n, typename KeyFor<T>::type* keys);
 
 // Stable LSD radix sort of (keys, values) by key, 8-bit digits, skipping digits that are equal
-// for all keys. tmp_keys and tmp_values are scratch of n. The result is left in keys and values.
+// for all keys, ping-ponging between (keys, values) and the scratch (tmp_keys, tmp_values) of n.
+// Returns true when the sorted result is in the scratch.
 template <typename Key>
-void radix_sort_pairs(Key* keys, uint32_t* values, Key* tmp_keys, uint32_t* tmp_values, int64_t n);
+bool radix_sort_pairs(Key* keys, uint32_t* values, Key* tmp_keys, uint32_t* tmp_values, int64_t n);
 
 // ranks[pairs[t]] = the average rank of sorted position t (runs of equal keys share it).
 template <typename Key>
@@ -44,19 +45,27 @@ RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* s
                                        int64_t n);
 
 // Float distances travel as packed items (sortable_key(dist) << 32) | payload, one 8-byte stream
-// through the sort instead of two (about 20% faster): payload[pair(i, j)] is the caller's per-pair
-// value (twice the reference rank), or the pair index when payload is null.
+// through the sort instead of two: payload[pair(i, j)] is the caller's per-pair value (twice the
+// reference rank), or the pair index when payload is null. The write also counts the items by the
+// top kItemTopBits bits of their key: ++top_counts[key >> (32 − kItemTopBits)], for the sort.
+constexpr int kItemTopBits = 16;
+constexpr int64_t kItemTopValues = int64_t(1) << kItemTopBits;
 void write_distance_items(const float* dots, int64_t ld, int64_t rows, int64_t cols, int64_t row0,
-                          int64_t col0, int64_t n, const uint32_t* payload, uint64_t* items);
+                          int64_t col0, int64_t n, const uint32_t* payload, uint64_t* items,
+                          uint32_t* top_counts);
 
-// Stable LSD radix sort of items by their high 32 bits (8-bit digits, equal digits skipped).
-void radix_sort_items(uint64_t* items, uint64_t* tmp, int64_t n);
-
-// ranks[payload of t] = the average rank of sorted position t (items carry pair indices).
-void scatter_average_ranks_items(const uint64_t* sorted_items, int64_t n, double* ranks);
-
-// correlate_ranks for items whose payload is twice the reference rank.
-RankCorrelationPartial correlate_ranks_items(const uint64_t* sorted_items, int64_t n);
+// The n items (with top_counts of all of them, which the sort overwrites) sorted by key, then:
+// ranks[payload] = the average rank of the item's key (payloads are pair indices), or the rank
+// correlation's partial sums as correlate_ranks computes them (payloads are twice the reference
+// ranks). tmp is scratch of n items; both arrays are clobbered.
+//
+// The sort: a stable counting scatter by the top 16 bits of the key into buckets (consecutive top
+// values, a few thousand items each) from items into tmp, then an LSD radix sort of each bucket in
+// cache over the bits that vary within it, and the ranks or the correlation of that bucket while it
+// is in cache. Equal keys share their top bits, so no run of ties crosses a bucket. Two passes over
+// memory instead of a histogram pass, three or four scatter passes and a final read.
+void sort_items_scatter_ranks(uint64_t* items, uint64_t* tmp, int64_t n, uint32_t* top_counts, double* ranks);
+RankCorrelationPartial sort_items_correlate(uint64_t* items, uint64_t* tmp, int64_t n, uint32_t* top_counts);
 
 }  // namespace cpu
 }  // namespace repcap
