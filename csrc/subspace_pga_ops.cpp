@@ -234,8 +234,8 @@ at::Tensor subspace_pga_rhos_cpu(const at::Tensor& x_in, const at::Tensor& bases
 #ifdef REPCAP_WITH_CUDA
 // CUDA: per batch of B subspaces, the projections x·B_b by cuBLAS (on the current stream; float32
 // GEMMs follow torch's cuBLAS float32 precision, which the Python launcher sets from the op's
-// `precision` argument), row norms, then the fused
-// normalization + distance-key kernel for all B, one CUB radix sort per subspace, and the fused
+// `precision` argument), each row normalized once in place, then the distance-key kernel for
+// all B, one CUB radix sort per subspace, and the fused
 // rank + correlation pass. Memory: (key + 4 B) per pair per subspace, plus one shared sort
 // scratch of (key + 4 B) per pair and 4 B per pair of twice the reference ranks.
 template <typename T>
@@ -282,17 +282,17 @@ at::Tensor subspace_pga_ranks_cuda_impl(const at::Tensor& x) {
   const int64_t n_tokens = x.size(0), d = x.size(1);
   const int64_t n = n_tokens * (n_tokens - 1) / 2;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-  at::Tensor norms = at::empty({n_tokens}, x.options());
+  at::Tensor unit = x.clone();  // normalized in place: never the caller's tensor
   at::Tensor zero_row = at::zeros({1}, x.options().dtype(at::kInt));
-  check_cuda(repcap::cuda::subspace_pga_row_norms_cuda(x.data_ptr<T>(), 1, n_tokens, d, norms.data_ptr<T>(),
-                                                       zero_row.data_ptr<int32_t>(), stream),
+  check_cuda(repcap::cuda::subspace_pga_normalize_rows_cuda(unit.data_ptr<T>(), 1, n_tokens, d,
+                                                            zero_row.data_ptr<int32_t>(), stream),
              "subspace_pga_ranks");
   TORCH_CHECK(zero_row.item<int32_t>() == 0, "subspace_pga_ranks: x has a zero row");
   at::Tensor keys = at::empty({n}, x.options().dtype(CudaKey<T>::storage));
   at::Tensor pairs = at::empty({n}, x.options().dtype(at::kInt));
-  check_cuda(repcap::cuda::subspace_pga_distance_keys_cuda(x.data_ptr<T>(), norms.data_ptr<T>(), 1, n_tokens, d,
-                                                           nullptr, as_unsigned<Key>(keys),
-                                                           as_unsigned<uint32_t>(pairs), stream),
+  check_cuda(repcap::cuda::subspace_pga_distance_keys_cuda(unit.data_ptr<T>(), 1, n_tokens, d, nullptr,
+                                                           as_unsigned<Key>(keys), as_unsigned<uint32_t>(pairs),
+                                                           stream),
              "subspace_pga_ranks");
   sort_segments<T>(keys, pairs, 1, n, stream, "subspace_pga_ranks");
   at::Tensor ranks = at::empty({n}, x.options().dtype(at::kDouble));
@@ -328,15 +328,14 @@ void subspace_pga_rhos_cuda_impl(const at::Tensor& x, const at::Tensor& bases, c
     at::Tensor out = proj[b];
     at::mm_out(out, x, bases[b]);
   }
-  at::Tensor norms = at::empty({n_bases, n_tokens}, x.options());
   at::Tensor zero_row = at::zeros({n_bases}, x.options().dtype(at::kInt));
-  check_cuda(repcap::cuda::subspace_pga_row_norms_cuda(proj.data_ptr<T>(), n_bases, n_tokens, k,
-                                                       norms.data_ptr<T>(), zero_row.data_ptr<int32_t>(), stream),
+  check_cuda(repcap::cuda::subspace_pga_normalize_rows_cuda(proj.data_ptr<T>(), n_bases, n_tokens, k,
+                                                            zero_row.data_ptr<int32_t>(), stream),
              "subspace_pga_rhos");
   at::Tensor keys = at::empty({n_bases, n}, x.options().dtype(CudaKey<T>::storage));
   at::Tensor values = at::empty({n_bases, n}, x.options().dtype(at::kInt));
   check_cuda(repcap::cuda::subspace_pga_distance_keys_cuda(
-                 proj.data_ptr<T>(), norms.data_ptr<T>(), n_bases, n_tokens, k, as_unsigned<uint32_t>(twice_ref),
+                 proj.data_ptr<T>(), n_bases, n_tokens, k, as_unsigned<uint32_t>(twice_ref),
                  as_unsigned<Key>(keys), as_unsigned<uint32_t>(values), stream),
              "subspace_pga_rhos");
   sort_segments<T>(keys, values, n_bases, n, stream, "subspace_pga_rhos");

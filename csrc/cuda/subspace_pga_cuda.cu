@@ -1,4 +1,4 @@
-// CUDA kernels of subspace PGA (see subspace_pga_cuda.h): row norms, fused normalization +
+// CUDA kernels of subspace PGA (see subspace_pga_cuda.h): row normalization (once per row),
 // pair-distance keys, CUB radix sort per subspace, and the fused tie-aware rank + correlation
 // pass. The key map, the run search and the rank terms are the shared host/device code in
 // subspace_pga_epilogue.h, which the CPU kernel uses too.
@@ -45,32 +45,35 @@ __device__ void block_sum2(double* a, double* b, double* shared_a, double* share
   *b = shared_b[0];
 }
 
-// One warp per row r of the B·N rows: norms[r] = (T) sqrt(Σ_c p_rc²), the squares in float64.
+// One warp per row r of the B·N rows: p_r ← p_r / (T) sqrt(Σ_c p_rc²), the squares in float64
+// (a zero row is left as it is and flagged).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    subspace_pga_row_norms_kernel(const T* __restrict__ proj, int64_t rows, int64_t n_tokens, int64_t k,
-                                  T* __restrict__ norms, int32_t* __restrict__ zero_row) {
+    subspace_pga_normalize_rows_kernel(T* __restrict__ proj, int64_t rows, int64_t n_tokens, int64_t k,
+                                       int32_t* __restrict__ zero_row) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
-  const T* p = proj + row * k;
+  T* p = proj + row * k;
   double sq = 0.0;
   for (int64_t c = lane; c < k; c += 32) sq += static_cast<double>(p[c]) * static_cast<double>(p[c]);
   for (int offset = 16; offset > 0; offset /= 2) sq += __shfl_down_sync(0xffffffffu, sq, offset);
-  if (lane == 0) {
-    norms[row] = static_cast<T>(sqrt(sq));
-    if (!(sq > 0.0)) atomicOr(zero_row + row / n_tokens, 1);
+  sq = __shfl_sync(0xffffffffu, sq, 0);  // lane 0 holds the sum
+  if (!(sq > 0.0)) {
+    if (lane == 0) atomicOr(zero_row + row / n_tokens, 1);
+    return;
   }
+  const T norm = static_cast<T>(sqrt(sq));
+  for (int64_t c = lane; c < k; c += 32) p[c] = p[c] / norm;
 }
 
-// Block (t, b): upper tile t = (bi, bj), bi ≤ bj, of subspace b's N×N pair grid. With
-// p̂_i = p_i / ‖p_i‖ staged in shared memory (k in chunks of 16),
+// Block (t, b): upper tile t = (bi, bj), bi ≤ bj, of subspace b's N×N pair grid. With the unit
+// rows p̂_i staged in shared memory (k in chunks of 16),
 //   dist_ij = clamp(1 − Σ_c p̂_ic p̂_jc, 0, 2)   (one fma chain per pair, c ascending),
 // written for j > i as keys[pair] = sortable_key(dist_ij), values[pair] = payload[pair] or pair.
 template <typename T, typename Key>
 __global__ void __launch_bounds__(kThreads)
-    subspace_pga_distance_keys_kernel(const T* __restrict__ proj, const T* __restrict__ norms,
-                                      int64_t n_tokens, int64_t k, int64_t n_col_tiles, int64_t n_pairs,
+    subspace_pga_distance_keys_kernel(const T* __restrict__ unit_rows, int64_t n_tokens, int64_t k, int64_t n_col_tiles, int64_t n_pairs,
                                       const uint32_t* __restrict__ payload, Key* __restrict__ keys,
                                       uint32_t* __restrict__ values) {
   __shared__ T rows_i[kChunk][kTile + 1];
@@ -78,8 +81,7 @@ __global__ void __launch_bounds__(kThreads)
   int64_t bi = 0, bj = 0;
   upper_tile_coords(blockIdx.x, n_col_tiles, &bi, &bj);
   const int64_t b = blockIdx.y;
-  const T* p = proj + b * n_tokens * k;
-  const T* norm = norms + b * n_tokens;
+  const T* p = unit_rows + b * n_tokens * k;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
 
   T acc[kMicro][kMicro];
@@ -95,8 +97,8 @@ __global__ void __launch_bounds__(kThreads)
       const int r = e / kChunk, kk = e % kChunk;  // consecutive threads read consecutive columns
       const int64_t col = k0 + kk;
       const int64_t i = bi * kTile + r, j = bj * kTile + r;
-      rows_i[kk][r] = (i < n_tokens && col < k) ? p[i * k + col] / norm[i] : T(0);
-      rows_j[kk][r] = (j < n_tokens && col < k) ? p[j * k + col] / norm[j] : T(0);
+      rows_i[kk][r] = (i < n_tokens && col < k) ? p[i * k + col] : T(0);
+      rows_j[kk][r] = (j < n_tokens && col < k) ? p[j * k + col] : T(0);
     }
     __syncthreads();
 #pragma unroll
@@ -192,19 +194,19 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-const char* row_norms(const T* proj, int64_t n_bases, int64_t n_tokens, int64_t k, T* norms, int32_t* zero_row,
-                      cudaStream_t stream) {
+const char* normalize_rows(T* proj, int64_t n_bases, int64_t n_tokens, int64_t k, int32_t* zero_row,
+                           cudaStream_t stream) {
   const int64_t rows = n_bases * n_tokens;
   if (rows == 0) return nullptr;
   const int64_t blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
   if (blocks > std::numeric_limits<int32_t>::max()) return "subspace_pga: too many rows for one launch";
-  subspace_pga_row_norms_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      proj, rows, n_tokens, k, norms, zero_row);
+  subspace_pga_normalize_rows_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      proj, rows, n_tokens, k, zero_row);
   return launch_error();
 }
 
 template <typename T, typename Key>
-const char* distance_keys(const T* proj, const T* norms, int64_t n_bases, int64_t n_tokens, int64_t k,
+const char* distance_keys(const T* unit_rows, int64_t n_bases, int64_t n_tokens, int64_t k,
                           const uint32_t* payload, Key* keys, uint32_t* values, cudaStream_t stream) {
   const int64_t n_col_tiles = (n_tokens + kTile - 1) / kTile;
   const int64_t n_tiles = n_col_tiles * (n_col_tiles + 1) / 2;
@@ -215,7 +217,7 @@ const char* distance_keys(const T* proj, const T* norms, int64_t n_bases, int64_
     const int64_t chunk = n_bases - b0 < kMaxGridY ? n_bases - b0 : kMaxGridY;
     const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(chunk));
     subspace_pga_distance_keys_kernel<T, Key><<<grid, kThreads, 0, stream>>>(
-        proj + b0 * n_tokens * k, norms + b0 * n_tokens, n_tokens, k, n_col_tiles, n_pairs, payload,
+        unit_rows + b0 * n_tokens * k, n_tokens, k, n_col_tiles, n_pairs, payload,
         keys + b0 * n_pairs, values + b0 * n_pairs);
     if (const char* err = launch_error()) return err;
   }
@@ -304,24 +306,24 @@ const char* rank_correlation_batch(const Key* sorted_keys, const uint32_t* sorte
 
 }  // namespace
 
-const char* subspace_pga_row_norms_cuda(const float* proj, int64_t n_bases, int64_t n_tokens, int64_t k,
-                                        float* norms, int32_t* zero_row, cudaStream_t stream) {
-  return row_norms(proj, n_bases, n_tokens, k, norms, zero_row, stream);
+const char* subspace_pga_normalize_rows_cuda(float* proj, int64_t n_bases, int64_t n_tokens, int64_t k,
+                                             int32_t* zero_row, cudaStream_t stream) {
+  return normalize_rows(proj, n_bases, n_tokens, k, zero_row, stream);
 }
-const char* subspace_pga_row_norms_cuda(const double* proj, int64_t n_bases, int64_t n_tokens, int64_t k,
-                                        double* norms, int32_t* zero_row, cudaStream_t stream) {
-  return row_norms(proj, n_bases, n_tokens, k, norms, zero_row, stream);
+const char* subspace_pga_normalize_rows_cuda(double* proj, int64_t n_bases, int64_t n_tokens, int64_t k,
+                                             int32_t* zero_row, cudaStream_t stream) {
+  return normalize_rows(proj, n_bases, n_tokens, k, zero_row, stream);
 }
 
-const char* subspace_pga_distance_keys_cuda(const float* proj, const float* norms, int64_t n_bases,
-                                            int64_t n_tokens, int64_t k, const uint32_t* payload,
-                                            uint32_t* keys, uint32_t* values, cudaStream_t stream) {
-  return distance_keys(proj, norms, n_bases, n_tokens, k, payload, keys, values, stream);
+const char* subspace_pga_distance_keys_cuda(const float* unit_rows, int64_t n_bases, int64_t n_tokens, int64_t k,
+                                            const uint32_t* payload, uint32_t* keys, uint32_t* values,
+                                            cudaStream_t stream) {
+  return distance_keys(unit_rows, n_bases, n_tokens, k, payload, keys, values, stream);
 }
-const char* subspace_pga_distance_keys_cuda(const double* proj, const double* norms, int64_t n_bases,
-                                            int64_t n_tokens, int64_t k, const uint32_t* payload,
-                                            uint64_t* keys, uint32_t* values, cudaStream_t stream) {
-  return distance_keys(proj, norms, n_bases, n_tokens, k, payload, keys, values, stream);
+const char* subspace_pga_distance_keys_cuda(const double* unit_rows, int64_t n_bases, int64_t n_tokens, int64_t k,
+                                            const uint32_t* payload, uint64_t* keys, uint32_t* values,
+                                            cudaStream_t stream) {
+  return distance_keys(unit_rows, n_bases, n_tokens, k, payload, keys, values, stream);
 }
 
 size_t subspace_pga_sort_temp_bytes(int64_t n, bool wide_keys) {

@@ -14,23 +14,24 @@ typedef struct CUstream_st* cudaStream_t;
 namespace repcap {
 namespace cuda {
 
-// norms[b·N + i] = ‖p_bi‖ (squares summed in float64, rounded to T, as the CPU kernel does);
-// zero_row[b] = 1 where a row of subspace b has norm 0 (the caller zeroes zero_row first).
-const char* subspace_pga_row_norms_cuda(const float* proj, int64_t n_bases, int64_t n_tokens, int64_t k,
-                                        float* norms, int32_t* zero_row, cudaStream_t stream);
-const char* subspace_pga_row_norms_cuda(const double* proj, int64_t n_bases, int64_t n_tokens, int64_t k,
-                                        double* norms, int32_t* zero_row, cudaStream_t stream);
+// p_bi ← p_bi / ‖p_bi‖ in place, once per row (squares summed in float64, the norm rounded to T,
+// then a division, as the CPU kernel does: one-hot rows become exactly ±1, so exact ties stay
+// exact); zero_row[b] = 1 where a row of subspace b has norm 0, which is left as it is (the
+// caller zeroes zero_row first).
+const char* subspace_pga_normalize_rows_cuda(float* proj, int64_t n_bases, int64_t n_tokens, int64_t k,
+                                             int32_t* zero_row, cudaStream_t stream);
+const char* subspace_pga_normalize_rows_cuda(double* proj, int64_t n_bases, int64_t n_tokens, int64_t k,
+                                             int32_t* zero_row, cudaStream_t stream);
 
-// Normalization and keys fused: rows are divided by their norms as they are loaded into shared
-// memory (division, so one-hot rows become exactly ±1 and exact ties stay exact), and for j > i
+// For the unit rows p̂ (normalized by subspace_pga_normalize_rows_cuda) and j > i:
 //   keys[b·n + pair(i, j)]   = sortable_key(clamp(1 − p̂_bi·p̂_bj, 0, 2)),
 //   values[b·n + pair(i, j)] = payload[pair(i, j)], or pair(i, j) itself when payload is null.
-const char* subspace_pga_distance_keys_cuda(const float* proj, const float* norms, int64_t n_bases,
-                                            int64_t n_tokens, int64_t k, const uint32_t* payload,
-                                            uint32_t* keys, uint32_t* values, cudaStream_t stream);
-const char* subspace_pga_distance_keys_cuda(const double* proj, const double* norms, int64_t n_bases,
-                                            int64_t n_tokens, int64_t k, const uint32_t* payload,
-                                            uint64_t* keys, uint32_t* values, cudaStream_t stream);
+const char* subspace_pga_distance_keys_cuda(const float* unit_rows, int64_t n_bases, int64_t n_tokens, int64_t k,
+                                            const uint32_t* payload, uint32_t* keys, uint32_t* values,
+                                            cudaStream_t stream);
+const char* subspace_pga_distance_keys_cuda(const double* unit_rows, int64_t n_bases, int64_t n_tokens, int64_t k,
+                                            const uint32_t* payload, uint64_t* keys, uint32_t* values,
+                                            cudaStream_t stream);
 
 // Scratch bytes of one sort of n (key, uint32 value) pairs (CUB device radix sort).
 size_t subspace_pga_sort_temp_bytes(int64_t n, bool wide_keys);
