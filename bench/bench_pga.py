@@ -2,8 +2,8 @@
 over scipy.stats.spearmanr (with scipy's pdist), against the naive torch pipeline a user would
 write (`naive_torch`: fixed, sharing none of our helpers) and against the float64 torch
 reference, in one run, as ratios, with peak extra memory (fresh process per variant). The kernel
-is timed warm (the readout basis cached, as in a profile or a loop over layers) and cold (the
-cache cleared before every call). On a GPU: the cuda and triton backends against the naive
+is timed warm (the readout basis and the null draws kept, as in a profile or a loop over layers)
+and cold (both forgotten before every call). On a GPU: the cuda and triton backends against the naive
 pipeline and the torch per-subspace loop on the same GPU.
 
     python -m pytest bench/bench_pga.py -s              # CPU: N=1024, d=512, k=64, 100 nulls
