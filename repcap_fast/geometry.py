@@ -183,7 +183,11 @@ def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, 
     seed gives the same bases on every device (to the rounding of log/cos/sin and of the
     orthonormalization) and the first m of n bases are those of a draw of m. They are
     orthonormalized in float64 on `device` in batches (CholeskyQR2 as batched GEMMs). Returns
-    (n, d, k), float64 by default. `backend` picks the generator's kernel (see grassmann_normals)."""
+    (n, d, k), float64 by default. `backend` picks the generator's kernel (see grassmann_normals).
+
+    The last 2 draws of at most 256 MiB each are kept, on their device, by their arguments: a
+    repeated call (a loop over layers with one seed) returns a copy without drawing again.
+    `clear_readout_cache()` forgets them."""
     for name, v, lo in (("d", d, 2), ("n", n, 1)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
