@@ -85,6 +85,21 @@ py::dict build_info() {
   return info;
 }
 
+// Items (key << 32 | payload(t)) and their top-bit counts, as the CPU kernel's write pass leaves
+// them, for the test hooks of its bucketed sort.
+struct PackedItems {
+  std::vector<uint64_t> items, tmp;
+  std::vector<uint32_t> top_counts;
+  template <typename Payload>
+  PackedItems(const std::vector<uint32_t>& keys, Payload payload)
+      : items(keys.size()), tmp(keys.size()), top_counts(repcap::cpu::kItemTopValues, 0) {
+    for (size_t t = 0; t < keys.size(); ++t) {
+      items[t] = (static_cast<uint64_t>(keys[t]) << 32) | payload(static_cast<int64_t>(t));
+      ++top_counts[keys[t] >> (32 - repcap::cpu::kItemTopBits)];
+    }
+  }
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -137,27 +152,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // keys (payload = index), and the correlation sums against twice_ref (payload = twice_ref).
   m.def("_bucketed_sort_ranks", [](const std::vector<uint32_t>& keys) {
     const int64_t n = static_cast<int64_t>(keys.size());
-    std::vector<uint64_t> items(n), tmp(n);
-    std::vector<uint32_t> top_counts(repcap::cpu::kItemTopValues, 0);
-    for (int64_t t = 0; t < n; ++t) {
-      items[t] = (static_cast<uint64_t>(keys[t]) << 32) | static_cast<uint32_t>(t);
-      ++top_counts[keys[t] >> (32 - repcap::cpu::kItemTopBits)];
-    }
+    PackedItems packed(keys, [](int64_t t) { return static_cast<uint32_t>(t); });
     std::vector<double> ranks(n, -1.0);
-    repcap::cpu::sort_items_scatter_ranks(items.data(), tmp.data(), n, top_counts.data(), ranks.data());
+    repcap::cpu::sort_items_scatter_ranks(packed.items.data(), packed.tmp.data(), n, packed.top_counts.data(),
+                                          ranks.data());
     return ranks;
   });
   m.def("_bucketed_sort_correlation", [](const std::vector<uint32_t>& keys, const std::vector<uint32_t>& twice_ref) {
     TORCH_CHECK(keys.size() == twice_ref.size(), "_bucketed_sort_correlation: sizes differ");
-    const int64_t n = static_cast<int64_t>(keys.size());
-    std::vector<uint64_t> items(n), tmp(n);
-    std::vector<uint32_t> top_counts(repcap::cpu::kItemTopValues, 0);
-    for (int64_t t = 0; t < n; ++t) {
-      items[t] = (static_cast<uint64_t>(keys[t]) << 32) | twice_ref[t];
-      ++top_counts[keys[t] >> (32 - repcap::cpu::kItemTopBits)];
-    }
-    const repcap::RankCorrelationPartial p =
-        repcap::cpu::sort_items_correlate(items.data(), tmp.data(), n, top_counts.data());
+    PackedItems packed(keys, [&](int64_t t) { return twice_ref[t]; });
+    const repcap::RankCorrelationPartial p = repcap::cpu::sort_items_correlate(
+        packed.items.data(), packed.tmp.data(), static_cast<int64_t>(keys.size()), packed.top_counts.data());
     return std::make_tuple(p.cross, p.sum_sq);
   });
   m.def("_rank_correlation_sorted",

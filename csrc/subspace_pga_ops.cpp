@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu/parallel_blocks.h"
@@ -91,7 +92,6 @@ struct PairBuffers {
   std::vector<uint32_t> top_counts;
   std::vector<Key> keys, tmp_keys;           // split
   std::vector<uint32_t> payloads, tmp_payloads;
-  bool sorted_in_tmp = false;                // split: where radix_sort_pairs left the result
   at::Tensor tile;
   at::Tensor proj;
 
@@ -113,8 +113,8 @@ struct PairBuffers {
   }
 
   // Writes the pairs of the unit rows u with their cosine distances, each carrying payload[pair]
-  // (twice the reference rank) or, when payload is null, its pair index; the split (float64)
-  // pairs are also sorted here, the packed ones by scatter_ranks or correlate.
+  // (twice the reference rank) or, when payload is null, its pair index; scatter_ranks or
+  // correlate sorts them.
   void write_distances(const at::Tensor& u, const uint32_t* payload) {
     const int64_t n_tokens = u.size(0);
     const int64_t n = n_tokens * (n_tokens - 1) / 2;
@@ -138,20 +138,22 @@ struct PairBuffers {
                                             keys.data());
       }
     }
-    if constexpr (!kPacked) {
-      sorted_in_tmp = repcap::cpu::radix_sort_pairs<Key>(keys.data(), payloads.data(), tmp_keys.data(),
-                                                         tmp_payloads.data(), n);
-    }
   }
 
-  const Key* sorted_keys() const { return sorted_in_tmp ? tmp_keys.data() : keys.data(); }
-  const uint32_t* sorted_payloads() const { return sorted_in_tmp ? tmp_payloads.data() : payloads.data(); }
+  // Split pairs: sorts them and returns (keys, payloads) where the ping-pong left them.
+  std::pair<const Key*, const uint32_t*> sort_split(int64_t n) {
+    const bool in_tmp =
+        repcap::cpu::radix_sort_pairs<Key>(keys.data(), payloads.data(), tmp_keys.data(), tmp_payloads.data(), n);
+    return in_tmp ? std::pair<const Key*, const uint32_t*>(tmp_keys.data(), tmp_payloads.data())
+                  : std::pair<const Key*, const uint32_t*>(keys.data(), payloads.data());
+  }
 
   void scatter_ranks(int64_t n, double* ranks) {
     if constexpr (kPacked) {
       repcap::cpu::sort_items_scatter_ranks(items.get(), tmp_items.get(), n, top_counts.data(), ranks);
     } else {
-      repcap::cpu::scatter_average_ranks(sorted_keys(), sorted_payloads(), n, ranks);
+      const auto sorted = sort_split(n);
+      repcap::cpu::scatter_average_ranks(sorted.first, sorted.second, n, ranks);
     }
   }
 
@@ -159,7 +161,8 @@ struct PairBuffers {
     if constexpr (kPacked) {
       return repcap::cpu::sort_items_correlate(items.get(), tmp_items.get(), n, top_counts.data());
     } else {
-      return repcap::cpu::correlate_ranks(sorted_keys(), sorted_payloads(), n);
+      const auto sorted = sort_split(n);
+      return repcap::cpu::correlate_ranks(sorted.first, sorted.second, n);
     }
   }
 };

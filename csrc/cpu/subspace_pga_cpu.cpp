@@ -32,18 +32,18 @@ void write_distance_keys(const T* dots, int64_t ld, int64_t rows, int64_t cols, 
 }
 
 // LSD radix sort with 8-bit digits (256 buckets stay in L1 while scattering). For each digit d
-// of the words (from bit kLowBit), the exclusive start of every bucket in sorted order;
+// of the words (from bit 0), the exclusive start of every bucket in sorted order;
 // active[d] is false where one bucket holds every word (that pass would be a no-op).
 constexpr int kRadixBits = 8;
 constexpr int kRadixBuckets = 1 << kRadixBits;
 
-template <int kDigits, int kLowBit, typename Word>
+template <int kDigits, typename Word>
 std::vector<int64_t> radix_offsets(const Word* words, int64_t n, bool* active) {
   std::vector<int64_t> counts(static_cast<size_t>(kDigits) * kRadixBuckets, 0);
   for (int64_t t = 0; t < n; ++t) {
     const Word word = words[t];
     for (int digit = 0; digit < kDigits; ++digit) {
-      ++counts[digit * kRadixBuckets + ((word >> (kLowBit + kRadixBits * digit)) & (kRadixBuckets - 1))];
+      ++counts[digit * kRadixBuckets + ((word >> (kRadixBits * digit)) & (kRadixBuckets - 1))];
     }
   }
   for (int digit = 0; digit < kDigits; ++digit) {
@@ -63,7 +63,7 @@ template <typename Key>
 bool radix_sort_pairs(Key* keys, uint32_t* values, Key* tmp_keys, uint32_t* tmp_values, int64_t n) {
   constexpr int kDigits = 8 * static_cast<int>(sizeof(Key)) / kRadixBits;
   bool active[kDigits];
-  std::vector<int64_t> offsets = radix_offsets<kDigits, 0>(keys, n, active);
+  std::vector<int64_t> offsets = radix_offsets<kDigits>(keys, n, active);
   bool in_tmp = false;  // ping-pong between (keys, values) and (tmp_keys, tmp_values)
   for (int digit = 0; digit < kDigits; ++digit) {
     if (!active[digit]) continue;
