@@ -130,6 +130,8 @@ def _bucketed_cases():
         "one top value over a bucket": top(0x8000) + r.integers(0, 2**16, 120_000).astype(np.uint32),
         "adjacent top values": top(0x8000) + r.integers(0, 2**18, 120_000).astype(np.uint32),
         "ties across 50 top values": top(r.integers(0, 50, 90_000)) + r.integers(0, 3, 90_000).astype(np.uint32),
+        # runs of every length around the tie correction's longest offset (32)
+        "runs of 1 to 80 equal keys": r.permutation(top(0x8000) + np.repeat(7 * np.arange(80, dtype=np.uint32), np.arange(1, 81))),
         "sparse top values": top(r.integers(0, 2**16, 100_000)) + r.integers(0, 2**16, 100_000).astype(np.uint32),
         "distances": np.array([_C._sortable_key_f32(float(v)) for v in gauss], dtype=np.uint32),
     }
@@ -139,7 +141,8 @@ def _bucketed_cases():
 def test_bucketed_sort_gives_scipy_average_ranks_and_correlation(case):
     """The CPU kernel's sort of packed items (a scatter by the keys' top 16 bits into buckets,
     then each bucket sorted in cache) on keys that hit its edges: one item, all equal, both
-    extremes, a top value holding more than a bucket, ties next to bucket borders."""
+    extremes, a top value holding more than a bucket, ties next to bucket borders, runs of ties
+    shorter and longer than the tie correction's longest offset."""
     keys = _bucketed_cases()[case]
     ranks = np.asarray(_C._bucketed_sort_ranks(keys.tolist()))
     expected = rankdata(keys.astype(np.int64), method="average")

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -182,8 +183,13 @@ void for_each_sorted_bucket(uint64_t* items, uint64_t* tmp, int64_t n, uint32_t*
     const uint64_t item = from[t];
     to[cursor[bucket_of[item_top(item)]]++] = item;
   }
+  // Each bucket ping-pongs between its place in tmp and one scratch reused for all buckets, which
+  // stays in cache (its place in items would be one more region of memory to read and write back).
+  uint32_t largest = 0;
+  for (const ItemBucket& bucket : buckets) largest = std::max(largest, bucket.size);
+  std::unique_ptr<uint64_t[]> scratch(new uint64_t[largest]);
   for (const ItemBucket& bucket : buckets) {
-    visit(sort_item_bucket(tmp + bucket.start, items + bucket.start, bucket), bucket);
+    visit(sort_item_bucket(tmp + bucket.start, scratch.get(), bucket), bucket);
   }
 }
 
@@ -271,6 +277,83 @@ RankCorrelationPartial correct_for_ties(const Sorted& sorted, int64_t n, int64_t
   return RankCorrelationPartial{cross, sum_sq};
 }
 
+// ---- Tie corrections of one sorted bucket of packed items, exact in integers ----
+//
+// Items x_t = (k_t << 32) | p_t sorted by key k, p_t twice the reference rank. A run of L equal keys
+// at sorted positions [a, b) of the bucket takes its average rank (a + b + 1)/2 (plus the bucket's
+// first position) instead of t + 1. Over the run, since avg − (t + 1) = ½ Σ_{u in run} sign(u − t)
+// and Σ_{t in run} (t + 1 − avg)² = (L³ − L)/12 = ½ Σ_{t<u in run} (u − t):
+//   cross correction  Σ_t (avg − (t + 1)) p_t/2        = ¼ Σ_{t<u in run} (p_t − p_u),
+//   sum_sq correction Σ_t (avg − m)² − (t + 1 − m)²   = −½ Σ_{t<u in run} (u − t).
+// Equal keys are consecutive, so the pairs (t, u = t + d) of the runs are exactly those with
+// k_t = k_{t+d}, and summing over the offsets d:
+//   cross += ¼ Σ_{d≥1} Σ_{t : k_t = k_{t+d}} (p_t − p_{t+d}),   sum_sq −= ½ Σ_{d≥1} d · #{t : k_t = k_{t+d}}.
+// d = 1 is one branch-free pass over the bucket that also lists the positions t with k_t = k_{t+1};
+// each further d keeps the listed t with k_t = k_{t+d}, a subset of the previous list. Runs longer
+// than kMaxTieOffset (exact duplicates: one-hot rows give runs of thousands) take their pairs
+// farther apart than that in closed form, run by run. The sums are exact integers; each correction
+// is rounded to double once.
+constexpr int64_t kMaxTieOffset = 32;
+
+inline int64_t item_payload(uint64_t item) { return static_cast<int64_t>(static_cast<uint32_t>(item)); }
+
+// Σ_{t+1<m} [k_t = k_{t+1}] (p_t − p_{t+1}) into *diff; the positions t with k_t = k_{t+1} into
+// positions (ascending; room for m); returns their count. Branch-free: about a third of the
+// neighbours are equal in real float32 distances (a branch per run mispredicts).
+static int64_t adjacent_ties(const uint64_t* __restrict x, int64_t m, uint32_t* __restrict positions,
+                             int64_t* diff) {
+  int64_t sum = 0, kept = 0;
+  for (int64_t t = 0; t + 1 < m; ++t) {
+    const uint64_t a = x[t], b = x[t + 1];
+    const int64_t equal = (a >> 32) == (b >> 32);
+    sum += (item_payload(a) - item_payload(b)) & -equal;
+    positions[kept] = static_cast<uint32_t>(t);
+    kept += equal;
+  }
+  *diff = sum;
+  return kept;
+}
+
+// The tie corrections (cross, sum_sq) of m sorted items; positions is scratch of m.
+static RankCorrelationPartial tie_corrections(const uint64_t* x, int64_t m, uint32_t* positions) {
+  if (m < 2) return RankCorrelationPartial{0.0, 0.0};
+  int64_t diff = 0;
+  int64_t kept = adjacent_ties(x, m, positions, &diff);
+  __int128 diff_total = diff;  // Σ_d Σ_{k_t = k_{t+d}} (p_t − p_{t+d})
+  __int128 gap_total = kept;   // Σ_d d · #{t : k_t = k_{t+d}}
+  for (int64_t d = 2; kept > 0 && d <= kMaxTieOffset; ++d) {
+    int64_t next = 0;
+    int64_t sum = 0;  // < m terms of magnitude < 2³²
+    for (int64_t j = 0; j < kept; ++j) {
+      const int64_t t = positions[j];
+      const bool inside = t + d < m;
+      const uint64_t a = x[t], b = x[inside ? t + d : t];
+      const int64_t equal = inside && (a >> 32) == (b >> 32);
+      sum += (item_payload(a) - item_payload(b)) & -equal;
+      positions[next] = static_cast<uint32_t>(t);
+      next += equal;
+    }
+    diff_total += sum;
+    gap_total += static_cast<__int128>(d) * next;
+    kept = next;
+  }
+  // Left in the list: the positions a..b−1−kMaxTieOffset of each run [a, b) longer than kMaxTieOffset.
+  int64_t done = 0;
+  for (int64_t j = 0; j < kept; ++j) {
+    const int64_t a = positions[j];
+    if (a < done) continue;
+    const int64_t b = run_end(x, m, a, HighWord());
+    const int64_t length = b - a;
+    for (int64_t u = a; u < b; ++u) {  // #{v in run: v > u + D} − #{v in run: v < u − D}
+      const int64_t weight = std::max<int64_t>(0, b - 1 - u - kMaxTieOffset) - std::max<int64_t>(0, u - kMaxTieOffset - a);
+      diff_total += static_cast<__int128>(weight) * item_payload(x[u]);
+    }
+    for (int64_t d = kMaxTieOffset + 1; d < length; ++d) gap_total += static_cast<__int128>(d) * (length - d);
+    done = b;
+  }
+  return RankCorrelationPartial{0.25 * static_cast<double>(diff_total), -0.5 * static_cast<double>(gap_total)};
+}
+
 static double tie_free_sum_sq(int64_t n) {
   const double nd = static_cast<double>(n);
   return nd * (nd * nd - 1.0) / 12.0;
@@ -301,12 +384,12 @@ void sort_items_scatter_ranks(uint64_t* items, uint64_t* tmp, int64_t n, uint32_
 RankCorrelationPartial sort_items_correlate(uint64_t* items, uint64_t* tmp, int64_t n, uint32_t* top_counts) {
   const double mean = 0.5 * static_cast<double>(n + 1);
   RankCorrelationPartial total{0.0, tie_free_sum_sq(n)};
+  std::vector<uint32_t> tie_positions;
   for_each_sorted_bucket(items, tmp, n, top_counts, [&](const uint64_t* sorted, const ItemBucket& bucket) {
-    const RankCorrelationPartial part =
-        correct_for_ties(PackedSorted{sorted}, bucket.size, bucket.start, n,
-                         plain_rank_cross(sorted, bucket.size, bucket.start, mean));
-    total.cross += part.cross;
-    total.sum_sq += part.sum_sq;
+    if (tie_positions.size() < bucket.size) tie_positions.resize(bucket.size);
+    const RankCorrelationPartial ties = tie_corrections(sorted, bucket.size, tie_positions.data());
+    total.cross += plain_rank_cross(sorted, bucket.size, bucket.start, mean) + ties.cross;
+    total.sum_sq += ties.sum_sq;
   });
   return total;
 }
