@@ -87,18 +87,21 @@ py::dict build_info() {
 
 // Items (key << 32 | payload(t)) and their top-bit counts, as the CPU kernel's write pass leaves
 // them, for the test hooks of its bucketed sort.
-struct PackedItems {
-  std::vector<uint64_t> items, tmp;
-  std::vector<uint32_t> top_counts;
-  template <typename Payload>
-  PackedItems(const std::vector<uint32_t>& keys, Payload payload)
-      : items(keys.size()), tmp(keys.size()), top_counts(repcap::cpu::kItemTopValues, 0) {
-    for (size_t t = 0; t < keys.size(); ++t) {
-      items[t] = (static_cast<uint64_t>(keys[t]) << 32) | payload(static_cast<int64_t>(t));
-      ++top_counts[keys[t] >> (32 - repcap::cpu::kItemTopBits)];
-    }
+// The keys as packed items with their payloads, written in rows of 1..max_row items (so the
+// pieces split anywhere).
+template <typename Payload>
+repcap::cpu::PackedPairs packed_pairs(const std::vector<uint32_t>& keys, Payload payload) {
+  const int64_t n = static_cast<int64_t>(keys.size()), max_row = 3000;
+  repcap::cpu::PackedPairs packed(n, max_row);
+  std::vector<uint64_t> items(keys.size());
+  for (size_t t = 0; t < keys.size(); ++t) {
+    items[t] = (static_cast<uint64_t>(keys[t]) << 32) | payload(static_cast<int64_t>(t));
   }
-};
+  for (int64_t start = 0, row = 1; start < n; start += row, row = row % max_row + 1) {
+    packed.write_items(items.data() + start, std::min(row, n - start));
+  }
+  return packed;
+}
 
 }  // namespace
 
@@ -151,18 +154,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The CPU kernel's bucketed sort of packed items, on given 32-bit keys: the average ranks of the
   // keys (payload = index), and the correlation sums against twice_ref (payload = twice_ref).
   m.def("_bucketed_sort_ranks", [](const std::vector<uint32_t>& keys) {
-    const int64_t n = static_cast<int64_t>(keys.size());
-    PackedItems packed(keys, [](int64_t t) { return static_cast<uint32_t>(t); });
-    std::vector<double> ranks(n, -1.0);
-    repcap::cpu::sort_items_scatter_ranks(packed.items.data(), packed.tmp.data(), n, packed.top_counts.data(),
-                                          ranks.data());
+    repcap::cpu::PackedPairs packed = packed_pairs(keys, [](int64_t t) { return static_cast<uint32_t>(t); });
+    std::vector<double> ranks(keys.size(), -1.0);
+    packed.scatter_ranks(ranks.data());
     return ranks;
   });
   m.def("_bucketed_sort_correlation", [](const std::vector<uint32_t>& keys, const std::vector<uint32_t>& twice_ref) {
     TORCH_CHECK(keys.size() == twice_ref.size(), "_bucketed_sort_correlation: sizes differ");
-    PackedItems packed(keys, [&](int64_t t) { return twice_ref[t]; });
-    const repcap::RankCorrelationPartial p = repcap::cpu::sort_items_correlate(
-        packed.items.data(), packed.tmp.data(), static_cast<int64_t>(keys.size()), packed.top_counts.data());
+    repcap::cpu::PackedPairs packed = packed_pairs(keys, [&](int64_t t) { return twice_ref[t]; });
+    const repcap::RankCorrelationPartial p = packed.correlate();
     return std::make_tuple(p.cross, p.sum_sq);
   });
   m.def("_rank_correlation_sorted",

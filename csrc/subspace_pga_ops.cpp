@@ -81,16 +81,16 @@ bool normalize_rows(at::Tensor& p) {
   return true;
 }
 
-// Per-subspace working memory. float32 distances travel as packed items (key << 32 | payload, 8 B
-// and a sort twin) with the counts of their keys' top bits; float64 ones as 8-byte keys and 4-byte
-// payloads (and their sort twins). Plus a 256×N Gram tile and the projection.
+// Per-subspace working memory. float32 distances travel as packed items (key << 32 | payload,
+// 8 B), written piece by piece and sorted bucket by bucket in cache (repcap::cpu::PackedPairs);
+// float64 ones as 8-byte keys and 4-byte payloads, and their sort twins. Plus a 256×N Gram tile
+// and the projection.
 template <typename T>
 struct PairBuffers {
   static constexpr bool kPacked = std::is_same<T, float>::value;
   using Key = typename repcap::cpu::KeyFor<T>::type;
-  std::unique_ptr<uint64_t[]> items, tmp_items;  // packed (not zero-filled: every pair is written)
-  std::vector<uint32_t> top_counts;
-  std::vector<Key> keys, tmp_keys;           // split
+  std::unique_ptr<repcap::cpu::PackedPairs> packed;
+  std::vector<Key> keys, tmp_keys;  // split
   std::vector<uint32_t> payloads, tmp_payloads;
   at::Tensor tile;
   at::Tensor proj;
@@ -99,9 +99,7 @@ struct PairBuffers {
   PairBuffers(int64_t n_tokens, int64_t k, const at::TensorOptions& options) {
     const int64_t n = n_tokens * (n_tokens - 1) / 2;
     if (kPacked) {
-      items.reset(new uint64_t[n]);
-      tmp_items.reset(new uint64_t[n]);
-      top_counts.resize(repcap::cpu::kItemTopValues);
+      packed.reset(new repcap::cpu::PackedPairs(n, n_tokens - 1));
     } else {
       keys.resize(n);
       tmp_keys.resize(n);
@@ -119,7 +117,7 @@ struct PairBuffers {
     const int64_t n_tokens = u.size(0);
     const int64_t n = n_tokens * (n_tokens - 1) / 2;
     if constexpr (kPacked) {
-      std::fill(top_counts.begin(), top_counts.end(), 0u);
+      packed->clear();
     } else if (payload != nullptr) {
       std::copy(payload, payload + n, payloads.begin());
     } else {
@@ -131,8 +129,7 @@ struct PairBuffers {
       at::Tensor dots = tile.narrow(0, 0, rows * cols).view({rows, cols});
       at::mm_out(dots, u.narrow(0, row0, rows), u.narrow(0, row0, cols).t());
       if constexpr (kPacked) {
-        repcap::cpu::write_distance_items(dots.data_ptr<float>(), cols, rows, cols, row0, row0, n_tokens,
-                                          payload, items.get(), top_counts.data());
+        packed->write_distances(dots.data_ptr<float>(), cols, rows, row0, n_tokens, payload);
       } else {
         repcap::cpu::write_distance_keys<T>(dots.data_ptr<T>(), cols, rows, cols, row0, row0, n_tokens,
                                             keys.data());
@@ -150,7 +147,7 @@ struct PairBuffers {
 
   void scatter_ranks(int64_t n, double* ranks) {
     if constexpr (kPacked) {
-      repcap::cpu::sort_items_scatter_ranks(items.get(), tmp_items.get(), n, top_counts.data(), ranks);
+      packed->scatter_ranks(ranks);
     } else {
       const auto sorted = sort_split(n);
       repcap::cpu::scatter_average_ranks(sorted.first, sorted.second, n, ranks);
@@ -159,7 +156,7 @@ struct PairBuffers {
 
   repcap::RankCorrelationPartial correlate(int64_t n) {
     if constexpr (kPacked) {
-      return repcap::cpu::sort_items_correlate(items.get(), tmp_items.get(), n, top_counts.data());
+      return packed->correlate();
     } else {
       const auto sorted = sort_split(n);
       return repcap::cpu::correlate_ranks(sorted.first, sorted.second, n);
@@ -185,8 +182,8 @@ at::Tensor subspace_pga_ranks_cpu(const at::Tensor& x_in) {
 
 // Subspaces are shared among OpenMP threads; each thread runs one subspace at a time: the
 // projection x·B_b and its Gram tiles with single-threaded BLAS, the keys, their sort and the
-// rank correlation. Memory per thread: 2·(key + 4 B)·N(N−1)/2, a 256×N tile and (float32) the
-// 256 KiB of top-bit counts.
+// rank correlation. Memory per thread: float32, 8 B per pair, about 1.5 MiB of piece staging and
+// counts, and two copies of the largest bucket; float64, 2·12 B per pair; and a 256×N tile.
 at::Tensor subspace_pga_rhos_cpu(const at::Tensor& x_in, const at::Tensor& bases_in,
                                  const at::Tensor& ref_ranks_in) {
   const int64_t n = check_rhos_inputs(x_in, bases_in, ref_ranks_in);

@@ -3,8 +3,13 @@
 #include <algorithm>
 #include <array>
 #include <memory>
+#include <stdexcept>
 #include <utility>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 namespace repcap {
 namespace cpu {
@@ -120,13 +125,18 @@ std::vector<ItemBucket> plan_item_buckets(uint32_t* top_counts, int64_t target) 
   return buckets;
 }
 
-// LSD radix sort of one bucket's items by key − (top_lo << 16), in the fewest digits of at most
-// 8 bits that cover the bucket's key range (a digit equal for all items is skipped), ping-ponging
-// between a and b (in cache for a bucket of a few thousand items). Returns where the sorted items
-// are: a or b.
-uint64_t* sort_item_bucket(uint64_t* a, uint64_t* b, const ItemBucket& bucket) {
+// One bucket's items as runs of the pieces.
+struct ItemRun {
+  const uint64_t* begin;
+  const uint64_t* end;
+};
+
+// LSD radix sort of one bucket's items, read from their runs, by key − (top_lo << 16), in the fewest
+// digits of at most 8 bits that cover the bucket's key range (a digit equal for all items is
+// skipped). The first pass reads the runs; the rest ping-pong between a and b (in cache for a
+// bucket of a few thousand items). Returns where the sorted items are: a or b.
+uint64_t* sort_item_bucket(const std::vector<ItemRun>& runs, uint64_t* a, uint64_t* b, const ItemBucket& bucket) {
   const uint32_t m = bucket.size;
-  if (m < 2) return a;
   constexpr int kLowBits = 32 - kItemTopBits;
   const uint32_t lo = bucket.top_lo << kLowBits;
   const uint32_t span = ((bucket.top_hi - bucket.top_lo) << kLowBits) | ((1u << kLowBits) - 1);
@@ -137,12 +147,15 @@ uint64_t* sort_item_bucket(uint64_t* a, uint64_t* b, const ItemBucket& bucket) {
   const int radix = 1 << bits;
   uint32_t counts[4][256];
   for (int digit = 0; digit < passes; ++digit) std::fill(counts[digit], counts[digit] + radix, 0u);
-  for (uint32_t t = 0; t < m; ++t) {
-    const uint32_t key = item_key(a[t]) - lo;
-    for (int digit = 0; digit < passes; ++digit) ++counts[digit][(key >> (bits * digit)) & mask];
+  for (const ItemRun& run : runs) {
+    for (const uint64_t* item = run.begin; item != run.end; ++item) {
+      const uint32_t key = item_key(*item) - lo;
+      for (int digit = 0; digit < passes; ++digit) ++counts[digit][(key >> (bits * digit)) & mask];
+    }
   }
+  bool from_runs = true;
   uint64_t* src = a;
-  uint64_t* dst = b;
+  uint64_t* dst = a;
   for (int digit = 0; digit < passes; ++digit) {
     uint32_t* __restrict count = counts[digit];
     if (*std::max_element(count, count + radix) == m) continue;  // one digit value for all
@@ -153,44 +166,31 @@ uint64_t* sort_item_bucket(uint64_t* a, uint64_t* b, const ItemBucket& bucket) {
       offset += here;
     }
     const int shift = bits * digit;
-    const uint64_t* __restrict from = src;
     uint64_t* __restrict to = dst;
-    for (uint32_t t = 0; t < m; ++t) {
-      const uint64_t item = from[t];
-      to[count[((item_key(item) - lo) >> shift) & mask]++] = item;
+    if (from_runs) {
+      for (const ItemRun& run : runs) {
+        for (const uint64_t* __restrict from = run.begin; from != run.end; ++from) {
+          const uint64_t item = *from;
+          to[count[((item_key(item) - lo) >> shift) & mask]++] = item;
+        }
+      }
+      from_runs = false;
+      src = a;
+      dst = b;
+    } else {
+      const uint64_t* __restrict from = src;
+      for (uint32_t t = 0; t < m; ++t) {
+        const uint64_t item = from[t];
+        to[count[((item_key(item) - lo) >> shift) & mask]++] = item;
+      }
+      std::swap(src, dst);
     }
-    std::swap(src, dst);
+  }
+  if (from_runs) {  // every digit equal (or one item): the runs in order are sorted
+    uint64_t* to = a;
+    for (const ItemRun& run : runs) to = std::copy(run.begin, run.end, to);
   }
   return src;
-}
-
-// The items sorted bucket by bucket: a stable counting scatter by the top bits of the key from
-// items into tmp, then each bucket sorted in cache; visit(sorted, bucket) sees the buckets in key
-// order. Equal keys share their top bits, so a run of ties never crosses a bucket.
-template <typename Visit>
-void for_each_sorted_bucket(uint64_t* items, uint64_t* tmp, int64_t n, uint32_t* top_counts, Visit visit) {
-  // A few thousand items per bucket (both copies stay in L1/L2); for large n at most about 256
-  // buckets, so that the scatter writes few streams.
-  const int64_t target = std::max<int64_t>(2048, n / 256);
-  const std::vector<ItemBucket> buckets = plan_item_buckets(top_counts, target);
-  std::vector<int64_t> next(buckets.size());
-  for (size_t b = 0; b < buckets.size(); ++b) next[b] = buckets[b].start;
-  const uint64_t* __restrict from = items;
-  uint64_t* __restrict to = tmp;
-  int64_t* __restrict cursor = next.data();
-  const uint32_t* __restrict bucket_of = top_counts;
-  for (int64_t t = 0; t < n; ++t) {
-    const uint64_t item = from[t];
-    to[cursor[bucket_of[item_top(item)]]++] = item;
-  }
-  // Each bucket ping-pongs between its place in tmp and one scratch reused for all buckets, which
-  // stays in cache (its place in items would be one more region of memory to read and write back).
-  uint32_t largest = 0;
-  for (const ItemBucket& bucket : buckets) largest = std::max(largest, bucket.size);
-  std::unique_ptr<uint64_t[]> scratch(new uint64_t[largest]);
-  for (const ItemBucket& bucket : buckets) {
-    visit(sort_item_bucket(tmp + bucket.start, scratch.get(), bucket), bucket);
-  }
 }
 
 }  // namespace
@@ -375,45 +375,172 @@ RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* s
   return partial;
 }
 
-void sort_items_scatter_ranks(uint64_t* items, uint64_t* tmp, int64_t n, uint32_t* top_counts, double* ranks) {
-  for_each_sorted_bucket(items, tmp, n, top_counts, [&](const uint64_t* sorted, const ItemBucket& bucket) {
-    scatter_ranks(PackedSorted{sorted}, bucket.size, bucket.start, ranks);
+PackedPairs::PackedPairs(int64_t n, int64_t max_row)
+    : n_(n),
+      items_(new uint64_t[std::max<int64_t>(n, 1)]),
+      stage_capacity_(std::max(kPieceItems, max_row)),
+      stage_(new uint64_t[stage_capacity_]),
+      ordered_(new uint64_t[stage_capacity_]),
+      top_counts_(kItemTopValues, 0u),
+      stage_counts_(kItemTopValues, 0u) {
+  clear();
+}
+
+void PackedPairs::clear() {
+  written_ = 0;
+  staged_ = 0;
+  stage_top_lo_ = static_cast<uint32_t>(kItemTopValues - 1);
+  stage_top_hi_ = 0;
+  std::fill(top_counts_.begin(), top_counts_.end(), 0u);
+  std::fill(stage_counts_.begin(), stage_counts_.end(), 0u);
+  piece_ends_.clear();
+}
+
+uint64_t* PackedPairs::stage_row(int64_t count) {
+  if (written_ + staged_ + count > n_) throw std::length_error("PackedPairs: more items than the n it was made for");
+  if (staged_ + count > stage_capacity_) flush_piece();
+  if (count > stage_capacity_) throw std::length_error("PackedPairs: a row longer than max_row");
+  return stage_.get() + staged_;
+}
+
+void PackedPairs::count_staged(int64_t first) {
+  uint32_t* __restrict counts = stage_counts_.data();
+  uint32_t lo = stage_top_lo_, hi = stage_top_hi_;
+  for (int64_t t = first; t < staged_; ++t) {
+    const uint32_t top = item_top(stage_[t]);
+    ++counts[top];
+    lo = std::min(lo, top);
+    hi = std::max(hi, top);
+  }
+  stage_top_lo_ = lo;
+  stage_top_hi_ = hi;
+}
+
+// Stores n items at dst without reading dst's cache lines first (x86-64: non-temporal stores,
+// which the CPU combines into whole lines): the pieces are read back only after all of them are
+// written, by which time they have left the cache anyway.
+static void store_streaming(const uint64_t* __restrict src, int64_t n, uint64_t* __restrict dst) {
+#if defined(__x86_64__)
+  for (int64_t t = 0; t < n; ++t) {
+    _mm_stream_si64(reinterpret_cast<long long*>(dst + t), static_cast<long long>(src[t]));
+  }
+  _mm_sfence();
+#else
+  std::copy(src, src + n, dst);
+#endif
+}
+
+void PackedPairs::flush_piece() {
+  if (staged_ == 0) return;
+  uint32_t* __restrict counts = stage_counts_.data();
+  uint32_t offset = 0;
+  for (uint32_t v = stage_top_lo_; v <= stage_top_hi_; ++v) {
+    const uint32_t here = counts[v];
+    top_counts_[v] += here;
+    counts[v] = offset;
+    offset += here;
+  }
+  // Ordered by top value in cache, then stored at the piece's place in one stream.
+  uint64_t* __restrict ordered = ordered_.get();
+  const uint64_t* __restrict in = stage_.get();
+  for (int64_t t = 0; t < staged_; ++t) {
+    const uint64_t item = in[t];
+    ordered[counts[item_top(item)]++] = item;
+  }
+  store_streaming(ordered, staged_, items_.get() + written_);
+  std::fill(counts + stage_top_lo_, counts + stage_top_hi_ + 1, 0u);
+  written_ += staged_;
+  piece_ends_.push_back(written_);
+  staged_ = 0;
+  stage_top_lo_ = static_cast<uint32_t>(kItemTopValues - 1);
+  stage_top_hi_ = 0;
+}
+
+void PackedPairs::write_distances(const float* dots, int64_t ld, int64_t rows, int64_t row0, int64_t n_tokens,
+                                  const uint32_t* payload) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = row0 + r;
+    const int64_t count = n_tokens - 1 - i;  // the pairs (i, j), j > i, consecutive in condensed order
+    if (count <= 0) continue;
+    const int64_t pair0 = condensed_pair_index(i, i + 1, n_tokens);
+    if (pair0 != written_ + staged_) throw std::logic_error("PackedPairs: rows must come in order from row 0");
+    uint64_t* __restrict out = stage_row(count);
+    uint32_t* __restrict counts = stage_counts_.data();
+    uint32_t key_lo = ~0u, key_hi = 0;
+    const float* row = dots + r * ld + (i + 1 - row0);
+    for (int64_t c = 0; c < count; ++c) {
+      const float dist = std::min(2.0f, std::max(0.0f, 1.0f - row[c]));
+      const uint32_t key = sortable_key(dist);
+      const uint32_t low = payload != nullptr ? payload[pair0 + c] : static_cast<uint32_t>(pair0 + c);
+      out[c] = (static_cast<uint64_t>(key) << 32) | low;
+      ++counts[key >> (32 - kItemTopBits)];
+      key_lo = std::min(key_lo, key);
+      key_hi = std::max(key_hi, key);
+    }
+    staged_ += count;
+    stage_top_lo_ = std::min(stage_top_lo_, key_lo >> (32 - kItemTopBits));
+    stage_top_hi_ = std::max(stage_top_hi_, key_hi >> (32 - kItemTopBits));
+  }
+}
+
+void PackedPairs::write_items(const uint64_t* items, int64_t count) {
+  while (count > 0) {
+    const int64_t chunk = std::min(count, kPieceItems);
+    std::copy(items, items + chunk, stage_row(chunk));
+    staged_ += chunk;
+    count_staged(staged_ - chunk);
+    items += chunk;
+    count -= chunk;
+  }
+}
+
+// The items sorted bucket by bucket: visit(sorted, bucket) sees the buckets in key order. Within
+// each piece the items are ordered by top value, so a bucket's items are one run per piece, found
+// by binary search from where the previous bucket's ended.
+template <typename Visit>
+void PackedPairs::for_each_sorted_bucket(Visit visit) {
+  flush_piece();
+  if (written_ != n_) throw std::length_error("PackedPairs: fewer items written than the n it was made for");
+  // A few thousand items per bucket (both copies stay in cache); for large n at most about 256.
+  const int64_t target = std::max<int64_t>(2048, n_ / 256);
+  const std::vector<ItemBucket> buckets = plan_item_buckets(top_counts_.data(), target);
+  uint32_t largest = 0;
+  for (const ItemBucket& bucket : buckets) largest = std::max(largest, bucket.size);
+  std::unique_ptr<uint64_t[]> a(new uint64_t[largest]), b(new uint64_t[largest]);
+  std::vector<int64_t> cursor(piece_ends_.size());
+  for (size_t p = 0; p < piece_ends_.size(); ++p) cursor[p] = p == 0 ? 0 : piece_ends_[p - 1];
+  std::vector<ItemRun> runs;
+  const uint64_t* items = items_.get();
+  for (const ItemBucket& bucket : buckets) {
+    runs.clear();
+    for (size_t p = 0; p < piece_ends_.size(); ++p) {
+      const uint64_t* begin = items + cursor[p];
+      const uint64_t* end = std::partition_point(
+          begin, items + piece_ends_[p], [&](uint64_t item) { return item_top(item) <= bucket.top_hi; });
+      if (end != begin) runs.push_back(ItemRun{begin, end});
+      cursor[p] = end - items;
+    }
+    visit(sort_item_bucket(runs, a.get(), b.get(), bucket), bucket);
+  }
+}
+
+void PackedPairs::scatter_ranks(double* ranks) {
+  for_each_sorted_bucket([&](const uint64_t* sorted, const ItemBucket& bucket) {
+    repcap::cpu::scatter_ranks(PackedSorted{sorted}, bucket.size, bucket.start, ranks);
   });
 }
 
-RankCorrelationPartial sort_items_correlate(uint64_t* items, uint64_t* tmp, int64_t n, uint32_t* top_counts) {
-  const double mean = 0.5 * static_cast<double>(n + 1);
-  RankCorrelationPartial total{0.0, tie_free_sum_sq(n)};
+RankCorrelationPartial PackedPairs::correlate() {
+  const double mean = 0.5 * static_cast<double>(n_ + 1);
+  RankCorrelationPartial total{0.0, tie_free_sum_sq(n_)};
   std::vector<uint32_t> tie_positions;
-  for_each_sorted_bucket(items, tmp, n, top_counts, [&](const uint64_t* sorted, const ItemBucket& bucket) {
+  for_each_sorted_bucket([&](const uint64_t* sorted, const ItemBucket& bucket) {
     if (tie_positions.size() < bucket.size) tie_positions.resize(bucket.size);
     const RankCorrelationPartial ties = tie_corrections(sorted, bucket.size, tie_positions.data());
     total.cross += plain_rank_cross(sorted, bucket.size, bucket.start, mean) + ties.cross;
     total.sum_sq += ties.sum_sq;
   });
   return total;
-}
-
-void write_distance_items(const float* dots, int64_t ld, int64_t rows, int64_t cols, int64_t row0,
-                          int64_t col0, int64_t n, const uint32_t* payload, uint64_t* items,
-                          uint32_t* top_counts) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = row0 + r;
-    const int64_t first = std::max<int64_t>(0, i + 1 - col0);  // columns j > i
-    if (first >= cols) continue;
-    const int64_t pair0 = condensed_pair_index(i, col0 + first, n);  // consecutive from here
-    uint64_t* __restrict out = items + pair0;
-    uint32_t* __restrict counts = top_counts;
-    const float* row = dots + r * ld;
-    const int64_t count = cols - first;
-    for (int64_t c = 0; c < count; ++c) {
-      const float dist = std::min(2.0f, std::max(0.0f, 1.0f - row[first + c]));
-      const uint32_t key = sortable_key(dist);
-      const uint32_t low = payload != nullptr ? payload[pair0 + c] : static_cast<uint32_t>(pair0 + c);
-      out[c] = (static_cast<uint64_t>(key) << 32) | low;
-      ++counts[key >> (32 - kItemTopBits)];
-    }
-  }
 }
 
 template void write_distance_keys<double>(const double*, int64_t, int64_t, int64_t, int64_t,

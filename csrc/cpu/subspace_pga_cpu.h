@@ -3,6 +3,8 @@
 // (csrc/subspace_pga_ops.cpp).
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "../subspace_pga_epilogue.h"
 
@@ -45,27 +47,67 @@ RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* s
                                        int64_t n);
 
 // Float distances travel as packed items (sortable_key(dist) << 32) | payload, one 8-byte stream
-// through the sort instead of two: payload[pair(i, j)] is the caller's per-pair value (twice the
-// reference rank), or the pair index when payload is null. The write also counts the items by the
-// top kItemTopBits bits of their key: ++top_counts[key >> (32 − kItemTopBits)], for the sort.
+// through the sort instead of two: the payload is the caller's per-pair value (twice the reference
+// rank), or the pair index.
+//
+// The sort, in two steps, each item crossing memory once:
+// 1. Write: the items of a block of rows (a piece of at most kPieceItems, unless one row holds more)
+//    are made in a staging buffer in cache, counted by the top kItemTopBits bits of their keys,
+//    ordered by those top bits in cache, and stored at the piece's place in condensed order with
+//    streaming stores.
+// 2. Sort: consecutive top values are grouped into buckets of a few thousand items (a top value
+//    that alone holds more is a bucket of its own). Each bucket's items form one run in every piece;
+//    they are read from there by an LSD radix sort over the bits that vary within the bucket, which
+//    runs in cache, and the bucket's ranks or share of the rank correlation are taken while it is
+//    there. Equal keys share their top bits, so no run of ties crosses a bucket.
 constexpr int kItemTopBits = 16;
 constexpr int64_t kItemTopValues = int64_t(1) << kItemTopBits;
-void write_distance_items(const float* dots, int64_t ld, int64_t rows, int64_t cols, int64_t row0,
-                          int64_t col0, int64_t n, const uint32_t* payload, uint64_t* items,
-                          uint32_t* top_counts);
+constexpr int64_t kPieceItems = int64_t(1) << 16;
 
-// The n items (with top_counts of all of them, which the sort overwrites) sorted by key, then:
-// ranks[payload] = the average rank of the item's key (payloads are pair indices), or the rank
-// correlation's partial sums as correlate_ranks computes them (payloads are twice the reference
-// ranks). tmp is scratch of n items; both arrays are clobbered.
-//
-// The sort: a stable counting scatter by the top 16 bits of the key into buckets (consecutive top
-// values, a few thousand items each) from items into tmp, then an LSD radix sort of each bucket in
-// cache over the bits that vary within it, and the ranks or the correlation of that bucket while it
-// is in cache. Equal keys share their top bits, so no run of ties crosses a bucket. Two passes over
-// memory instead of a histogram pass, three or four scatter passes and a final read.
-void sort_items_scatter_ranks(uint64_t* items, uint64_t* tmp, int64_t n, uint32_t* top_counts, double* ranks);
-RankCorrelationPartial sort_items_correlate(uint64_t* items, uint64_t* tmp, int64_t n, uint32_t* top_counts);
+class PackedPairs {
+ public:
+  // Room for n items, written in rows of at most max_row items.
+  PackedPairs(int64_t n, int64_t max_row);
+
+  // Starts a new set of n items.
+  void clear();
+
+  // Writes the pairs (i, j), j > i, of rows i = row0..row0+rows−1 of n_tokens unit rows from their
+  // dots: dots[r][c] = p̂_{row0+r}·p̂_{row0+c} (leading dimension ld, columns row0..n_tokens−1),
+  // distance clamp(1 − dot, 0, 2), payload[pair] or (payload null) the pair index. Rows come in
+  // order, from row 0.
+  void write_distances(const float* dots, int64_t ld, int64_t rows, int64_t row0, int64_t n_tokens,
+                       const uint32_t* payload);
+
+  // Writes count prepared items as the next ones (the test hooks' way in).
+  void write_items(const uint64_t* items, int64_t count);
+
+  // After all n items, each sorts them (and leaves them unusable until clear()):
+  // ranks[payload] = the average rank of the item's key (payloads are pair indices);
+  void scatter_ranks(double* ranks);
+  // or the rank correlation's partial sums as correlate_ranks computes them (payloads are twice the
+  // reference ranks). Ties are corrected exactly, in integers (see tie_corrections).
+  RankCorrelationPartial correlate();
+
+ private:
+  uint64_t* stage_row(int64_t count);  // room for the next row of count items in the stage
+  void count_staged(int64_t first);    // counts the staged items from first on by top value
+  void flush_piece();                  // stores the staged items at their place, by top value
+  template <typename Visit>
+  void for_each_sorted_bucket(Visit visit);
+
+  int64_t n_;
+  std::unique_ptr<uint64_t[]> items_;  // n_, not zero-filled: every item is written
+  int64_t stage_capacity_;
+  std::unique_ptr<uint64_t[]> stage_;    // the current piece, as written
+  std::unique_ptr<uint64_t[]> ordered_;  // the current piece, ordered by top value
+  std::vector<uint32_t> top_counts_;   // per top value: the items of all pieces
+  std::vector<uint32_t> stage_counts_;  // per top value: the staged items (zero between pieces)
+  int64_t written_ = 0;  // items stored in pieces
+  int64_t staged_ = 0;
+  uint32_t stage_top_lo_ = 0, stage_top_hi_ = 0;  // the staged items' range of top values
+  std::vector<int64_t> piece_ends_;
+};
 
 }  // namespace cpu
 }  // namespace repcap
