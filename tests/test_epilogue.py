@@ -131,7 +131,8 @@ def _bucketed_cases():
         "adjacent top values": top(0x8000) + r.integers(0, 2**18, 120_000).astype(np.uint32),
         "ties across 50 top values": top(r.integers(0, 50, 90_000)) + r.integers(0, 3, 90_000).astype(np.uint32),
         # runs of every length around the tie correction's longest offset (32)
-        "runs of 1 to 80 equal keys": r.permutation(top(0x8000) + np.repeat(7 * np.arange(80, dtype=np.uint32), np.arange(1, 81))),
+        "runs of 1 to 80 equal keys": r.permutation(
+            top(0x8000) + np.repeat(7 * np.arange(80, dtype=np.uint32), np.arange(1, 81))),
         "sparse top values": top(r.integers(0, 2**16, 100_000)) + r.integers(0, 2**16, 100_000).astype(np.uint32),
         "distances": np.array([_C._sortable_key_f32(float(v)) for v in gauss], dtype=np.uint32),
     }
