@@ -85,9 +85,7 @@ py::dict build_info() {
   return info;
 }
 
-// Items (key << 32 | payload(t)) and their top-bit counts, as the CPU kernel's write pass leaves
-// them, for the test hooks of its bucketed sort.
-// The keys as packed items with their payloads, written in rows of 1..max_row items (so the
+// For the test hooks of the CPU kernel's bucketed sort: the keys as packed items with their payloads, written in rows of 1..max_row items (so the
 // pieces split anywhere).
 template <typename Payload>
 repcap::cpu::PackedPairs packed_pairs(const std::vector<uint32_t>& keys, Payload payload) {

@@ -50,7 +50,7 @@ RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* s
 // through the sort instead of two: the payload is the caller's per-pair value (twice the reference
 // rank), or the pair index.
 //
-// The sort, in two steps, each item crossing memory once:
+// The sort, in two steps; each item is written to memory once and read from it once:
 // 1. Write: the items of a block of rows (a piece of at most kPieceItems, unless one row holds more)
 //    are made in a staging buffer in cache, counted by the top kItemTopBits bits of their keys,
 //    ordered by those top bits in cache, and stored at the piece's place in condensed order with
