@@ -85,8 +85,8 @@ py::dict build_info() {
   return info;
 }
 
-// For the test hooks of the CPU kernel's bucketed sort: the keys as packed items with their payloads, written in rows of 1..max_row items (so the
-// pieces split anywhere).
+// For the test hooks of the CPU kernel's bucketed sort: the keys as packed items with their
+// payloads, written in rows of 1..max_row items (so the pieces split anywhere).
 template <typename Payload>
 repcap::cpu::PackedPairs packed_pairs(const std::vector<uint32_t>& keys, Payload payload) {
   const int64_t n = static_cast<int64_t>(keys.size()), max_row = 3000;
