@@ -54,11 +54,13 @@ _STREAM_TILE_ELEMS = 1 << 18  # distances per subspace formed at once by method=
 _STREAM_BATCH = 4  # default subspaces per pass of method="stream"
 _PROGRESS_WORK = 2e8  # pairs × subspaces above which a bar is shown by default
 # Bytes per pair of one kernel call: (per subspace in flight, held once per call) for float32
-# keys, and the extra of float64 keys. cpu: each thread sorts keys and 32-bit payloads with
-# scratch twins; once: the float64 reference ranks and twice them as uint32. cuda: keys and
-# payloads of every subspace of the batch; once: reference ranks, twice them, and the shared
-# sort scratch. triton: see triton_kernels/subspace_pga.py.
-_PAIR_BYTES = {"cpu": ((16, 12), (8, 0)), "cuda": ((8, 20), (4, 4)), "triton": ((8, 52), (0, 0))}
+# keys, and the extra of float64 keys. cpu: each thread holds its float32 pairs as 8-byte items
+# (plus two copies of the largest bucket: a few percent of the pairs for spread distances, up to
+# all of them when nearly every distance shares its top 16 bits), or float64 keys and 32-bit
+# payloads with scratch twins; once: the float64 reference ranks and twice them as uint32.
+# cuda: keys and payloads of every subspace of the batch; once: reference ranks, twice them, and
+# the shared sort scratch. triton: see triton_kernels/subspace_pga.py.
+_PAIR_BYTES = {"cpu": ((8, 12), (16, 0)), "cuda": ((8, 20), (4, 4)), "triton": ((8, 52), (0, 0))}
 # The torch reference's peak per token pair (N² of them): the N×N float64 Gram, its upper
 # triangle and the ranks and sort scratch of the condensed distances.
 _REFERENCE_PAIR_BYTES = 24
