@@ -106,8 +106,8 @@ struct ItemBucket {
 };
 
 // Consecutive top values grouped into buckets of at most `target` items (a value that alone holds
-// more is a bucket of its own); top_counts[v] becomes the bucket index of value v.
-std::vector<ItemBucket> plan_item_buckets(uint32_t* top_counts, int64_t target) {
+// more is a bucket of its own).
+std::vector<ItemBucket> plan_item_buckets(const uint32_t* top_counts, int64_t target) {
   std::vector<ItemBucket> buckets;
   int64_t position = 0;
   for (uint32_t v = 0; v < static_cast<uint32_t>(kItemTopValues); ++v) {
@@ -120,7 +120,6 @@ std::vector<ItemBucket> plan_item_buckets(uint32_t* top_counts, int64_t target) 
     bucket.size += count;
     bucket.top_hi = v;
     position += count;
-    top_counts[v] = static_cast<uint32_t>(buckets.size() - 1);
   }
   return buckets;
 }
@@ -207,7 +206,6 @@ struct SplitSorted {
 
 struct PackedSorted {
   const uint64_t* items;
-  bool same_key(int64_t a, int64_t b) const { return (items[a] >> 32) == (items[b] >> 32); }
   int64_t run_end_at(int64_t n, int64_t t) const { return run_end(items, n, t, HighWord()); }
   uint32_t payload(int64_t t) const { return static_cast<uint32_t>(items[t]); }
 };
@@ -506,7 +504,11 @@ void PackedPairs::for_each_sorted_bucket(Visit visit) {
   const std::vector<ItemBucket> buckets = plan_item_buckets(top_counts_.data(), target);
   uint32_t largest = 0;
   for (const ItemBucket& bucket : buckets) largest = std::max(largest, bucket.size);
-  std::unique_ptr<uint64_t[]> a(new uint64_t[largest]), b(new uint64_t[largest]);
+  if (bucket_a_.size() < largest) {  // kept across calls: one allocation per thread, not per subspace
+    bucket_a_.resize(largest);
+    bucket_b_.resize(largest);
+    tie_positions_.resize(largest);
+  }
   std::vector<int64_t> cursor(piece_ends_.size());
   for (size_t p = 0; p < piece_ends_.size(); ++p) cursor[p] = p == 0 ? 0 : piece_ends_[p - 1];
   std::vector<ItemRun> runs;
@@ -520,7 +522,7 @@ void PackedPairs::for_each_sorted_bucket(Visit visit) {
       if (end != begin) runs.push_back(ItemRun{begin, end});
       cursor[p] = end - items;
     }
-    visit(sort_item_bucket(runs, a.get(), b.get(), bucket), bucket);
+    visit(sort_item_bucket(runs, bucket_a_.data(), bucket_b_.data(), bucket), bucket);
   }
 }
 
@@ -533,10 +535,8 @@ void PackedPairs::scatter_ranks(double* ranks) {
 RankCorrelationPartial PackedPairs::correlate() {
   const double mean = 0.5 * static_cast<double>(n_ + 1);
   RankCorrelationPartial total{0.0, tie_free_sum_sq(n_)};
-  std::vector<uint32_t> tie_positions;
   for_each_sorted_bucket([&](const uint64_t* sorted, const ItemBucket& bucket) {
-    if (tie_positions.size() < bucket.size) tie_positions.resize(bucket.size);
-    const RankCorrelationPartial ties = tie_corrections(sorted, bucket.size, tie_positions.data());
+    const RankCorrelationPartial ties = tie_corrections(sorted, bucket.size, tie_positions_.data());
     total.cross += plain_rank_cross(sorted, bucket.size, bucket.start, mean) + ties.cross;
     total.sum_sq += ties.sum_sq;
   });

@@ -82,7 +82,7 @@ class PackedPairs {
   // Writes count prepared items as the next ones (the test hooks' way in).
   void write_items(const uint64_t* items, int64_t count);
 
-  // After all n items, each sorts them (and leaves them unusable until clear()):
+  // After all n items, each sorts them bucket by bucket (the stored items are only read):
   // ranks[payload] = the average rank of the item's key (payloads are pair indices);
   void scatter_ranks(double* ranks);
   // or the rank correlation's partial sums as correlate_ranks computes them (payloads are twice the
@@ -107,6 +107,8 @@ class PackedPairs {
   int64_t staged_ = 0;
   uint32_t stage_top_lo_ = 0, stage_top_hi_ = 0;  // the staged items' range of top values
   std::vector<int64_t> piece_ends_;
+  std::vector<uint64_t> bucket_a_, bucket_b_;  // the sort's scratch: two copies of the largest bucket
+  std::vector<uint32_t> tie_positions_;        // tie_corrections' list, as long as the largest bucket
 };
 
 }  // namespace cpu
