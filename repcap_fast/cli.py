@@ -21,10 +21,10 @@ from ._backends import BACKENDS, PRECISIONS, BackendUnavailableError, info
 from ._deprecated import moved_names
 from ._validation import DTYPE_NAMES
 from ._version import __version__
-from .models import DEFAULT_MODEL, load_embeddings
+from .models import DEFAULT_MODEL, INITS, LAST_LAYER_POINTS, load_embeddings
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
-from .report import ReportSettings, run_report, run_survey
+from .report import CONTROLS, ReportSettings, run_report, run_survey
 
 
 def _cmd_info(args) -> int:
@@ -251,8 +251,8 @@ def _cmd_report(args) -> int:
                               ccrs=tuple(args.ccr), seed=args.seed, device=args.device, dtype=DTYPE_NAMES[args.dtype],
                               backend=args.backend, precision=args.precision, bins=args.bins, n_rows=args.n_rows,
                               zero_rows=args.zero_rows, batch_size=args.batch_size, text_file=args.text or args.jsonl,
-                              jsonl_key=args.jsonl_key)
-    run_report(args.source, args.out, settings, progress=args.progress, command=sys.argv)
+                              jsonl_key=args.jsonl_key, init=args.init, last_layer=args.last_layer)
+    run_report(args.source, args.out, settings, control=args.control, progress=args.progress, command=sys.argv)
     return 0
 
 
@@ -351,6 +351,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_rep.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
     p_rep.add_argument("--precision", choices=PRECISIONS, default="highest",
                        help="float32 products of the ε and PGA kernels (tf32: GPU tensor cores)")
+    p_rep.add_argument("--init", choices=INITS, default="trained",
+                       help="trained: the weights (default); random: the same architecture built from its config at "
+                            "initialization, seeded with --seed (needs only config.json and a tokenizer)")
+    p_rep.add_argument("--control", choices=CONTROLS,
+                       help="random: analyse the weights and their random-init control side by side (OUT/trained, "
+                            "OUT/random_init, and a comparison in OUT/report.md)")
+    p_rep.add_argument("--last-layer", choices=LAST_LAYER_POINTS, default="final_norm",
+                       help="the point of the residual stream the last layer is read at: final_norm (default; "
+                            "transformers' last hidden state, after the final norm) or resid_post (the last block's "
+                            "output before it, as TransformerLens's hook_resid_post)")
     p_rep.add_argument("--no-progress", dest="progress", action="store_false")
     p_rep.set_defaults(func=_cmd_report)
 

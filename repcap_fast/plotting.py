@@ -1,5 +1,6 @@
 """Every plot repcap_fast writes, as PNG files (matplotlib, Agg backend): cosine histograms, the
-Subspace-PGA profile, spectra per layer, a packing loss curve, a capacity fit and a survey."""
+Subspace-PGA profile (and a model against its random-init control), spectra per layer, a packing
+loss curve, a capacity fit and a survey."""
 
 from __future__ import annotations
 
@@ -93,6 +94,26 @@ def plot_pga_profile(profile: Dict, path: str, title: str) -> None:
         ax_r.set_ylabel("Spearman ρ (full vs subspace distances)")
         ax_r.set_title("shaded: null mean ± 2 std", fontsize=9)
         ax_r.legend(fontsize=8)
+        fig.suptitle(title)
+
+
+def plot_pga_control(profiles: Dict[str, Dict], path: str, title: str) -> None:
+    """z per layer of several analyses of one architecture in one plot ({name: profile}, each
+    profile {ccr: [row per layer]} as in `plot_pga_profile`): one panel per CCR variant, one line
+    per analysis (trained weights and their random-init control), with the null band |z| ≤ 2."""
+    ccrs = list(next(iter(profiles.values())))
+    with _figure(path, 1, len(ccrs), figsize=(5 * len(ccrs), 4.2), squeeze=False) as (fig, axes):
+        for ax, ccr in zip(axes[0], ccrs):
+            for i, (name, profile) in enumerate(profiles.items()):
+                rows = profile[ccr]
+                ax.plot([r["layer"] for r in rows], [_nan(r["z"]) for r in rows], "o-" if i == 0 else "s--", ms=3,
+                        color=_color(i), label=name)
+            ax.axhspan(-2, 2, color="grey", alpha=0.2, label="null band |z| ≤ 2")
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set_title(f"CCR-{ccr}", fontsize=10)
+            ax.set_xlabel("layer")
+            ax.set_ylabel("z")
+            ax.legend(fontsize=8)
         fig.suptitle(title)
 
 

@@ -34,12 +34,17 @@ from ._backends import check_precision, info, resolve_backend
 from ._deprecated import moved_names
 from .geometry import readout_basis
 from .models import (
+    INITS,
+    LAST_LAYER_POINTS,
     HiddenStates,
     NoUnembeddingError,
     check_layers,
     hidden_states,
+    in_memory_source,
+    is_in_memory,
     layer_count,
     load_embeddings,
+    open_model,
     read_texts,
     resolve_source,
     runnable,
@@ -182,6 +187,12 @@ def _load_for_report(source, n_rows, device):
         return load_embeddings(source, which="input", n_rows=n_rows, device=device), str(exc)
 
 
+def _source_label(source) -> str:
+    if source is None or isinstance(source, (str, os.PathLike)):
+        return None if source is None else str(source)
+    return getattr(source, "label", None) or type(source).__name__
+
+
 @dataclass(frozen=True)
 class ReportSettings:
     """What `run_report` computes and on what (the defaults are the papers' settings).
@@ -189,8 +200,13 @@ class ReportSettings:
     n_tokens, seed: the token sample of the hidden states (`models.hidden_states`); layers: "all",
     an int or a list; k, n_null, ccrs: Subspace PGA; bins, k_sigma: the cosine histogram and
     ε = μ + k_sigma·σ; n_rows, zero_rows: which embedding rows are used (`load_embeddings`,
-    `pairwise_cosine_stats`); device, dtype, batch_size: the model run; backend, precision: the
-    ops' backend and float32 product precision ("highest", or "tf32" on GPU tensor cores).
+    `pairwise_cosine_stats`); device, dtype, batch_size: the model run and where every op runs
+    (None: the CPU and float32 for a model read from disk, a model in memory's own device and
+    dtype); backend, precision: the ops' backend and float32 product precision ("highest", or
+    "tf32" on GPU tensor cores). init: "trained", or "random" (the same architecture from its
+    config at initialization, seeded with `seed`: `models.random_init`); last_layer: the point of
+    the residual stream the last layer is read at ("final_norm" or "resid_post", see
+    `models.in_memory.Runner`).
     text_file: a plain-text (paragraphs) or .jsonl file to sample tokens from (jsonl_key its field);
     None: the bundled corpus, or the texts given to run_report."""
 
@@ -200,8 +216,8 @@ class ReportSettings:
     n_null: int = 100
     ccrs: Tuple[int, ...] = (1, 5, 10)
     seed: int = 0
-    device: str = "cpu"
-    dtype: torch.dtype = torch.float32
+    device: Optional[str] = None
+    dtype: Optional[torch.dtype] = None
     backend: str = "auto"
     precision: str = "highest"
     bins: int = 4096
@@ -211,6 +227,8 @@ class ReportSettings:
     batch_size: int = 8
     text_file: Optional[str] = None
     jsonl_key: str = "text"
+    init: str = "trained"
+    last_layer: str = "final_norm"
 
     def __post_init__(self):
         # Checked before any work; the model-dependent checks (k < d, layers) follow the load.
@@ -221,18 +239,22 @@ class ReportSettings:
         object.__setattr__(self, "seed", val.check_seed(self.seed))
         val.check_choice(self.zero_rows, "zero_rows", ("error", "drop"))
         check_precision(self.precision)
-        object.__setattr__(self, "dtype", val.check_dtype(self.dtype))
+        if self.dtype is not None:
+            object.__setattr__(self, "dtype", val.check_dtype(self.dtype))
+        val.check_choice(self.init, "init", INITS)
+        val.check_choice(self.last_layer, "last_layer", LAST_LAYER_POINTS)
         object.__setattr__(self, "k", val.check_int(self.k, "k", 1))
         object.__setattr__(self, "ccrs", tuple(val.check_int(c, "ccrs", 0) for c in self.ccrs))
         if not self.ccrs or len(set(self.ccrs)) != len(self.ccrs):
             raise ValueError(f"ccrs must name at least one CCR variant, each once, got {self.ccrs}")
         if not math.isfinite(float(self.k_sigma)):
             raise ValueError(f"k_sigma must be finite, got {self.k_sigma}")
-        device = val.check_device(self.device)
+        device = val.check_device(self.device if self.device is not None else "cpu")
         check_stats_settings(device, self.bins, zero_rows=self.zero_rows, backend=self.backend,
                              precision=self.precision)
         resolve_backend(self.backend, device, "subspace_pga")
-        object.__setattr__(self, "device", str(self.device))
+        if self.device is not None:
+            object.__setattr__(self, "device", str(self.device))
         if isinstance(self.layers, np.integer):
             object.__setattr__(self, "layers", int(self.layers))
         elif not isinstance(self.layers, (str, int)):
@@ -242,7 +264,7 @@ class ReportSettings:
 
     def to_dict(self) -> Dict:
         out = dataclasses.asdict(self)
-        out.update(ccrs=list(self.ccrs), dtype=str(self.dtype).replace("torch.", ""),
+        out.update(ccrs=list(self.ccrs), dtype=None if self.dtype is None else str(self.dtype).replace("torch.", ""),
                    layers=self.layers if isinstance(self.layers, (str, int)) else list(self.layers))
         return out
 
@@ -251,25 +273,41 @@ _SETTING_NAMES = {f.name for f in dataclasses.fields(ReportSettings)}
 
 
 def run_report(source=None, out: str = "repcap_report", settings: Optional[ReportSettings] = None, *,
-               texts: Optional[Sequence[str]] = None, text_name: Optional[str] = None, progress: bool = True,
-               log=print, command: Optional[List[str]] = None, **legacy) -> Dict:
+               texts: Optional[Sequence[str]] = None, text_name: Optional[str] = None, token_ids=None,
+               tokenizer=None, control: Optional[str] = None, progress: bool = True, log=print,
+               command: Optional[List[str]] = None, **legacy) -> Dict:
     """Runs the whole analysis of one model and writes OUT/report.json, OUT/report.md and the PNGs.
     Returns the report dict. See the module docstring for what it contains.
 
+    source: a path, repo id or alias, or a model in memory (a transformers model, a TransformerLens
+    HookedTransformer, an nnsight LanguageModel, an SAE-Lens SAE; with settings.init="random" also
+    a transformers config): `models.in_memory`. A model in memory is analysed where it is, in its
+    own dtype (settings.device and dtype None), and never moved or cast.
     settings: a ReportSettings (default: the papers' settings). texts: strings to sample tokens
-    from instead of settings.text_file or the bundled corpus (text_name names them in the report).
-    Passing the settings as keywords (n_tokens=..., k=...) is deprecated.
+    from instead of settings.text_file or the bundled corpus (text_name names them in the report);
+    token_ids: token ids instead of a text (a 1-D stream, or a 2-D batch of windows; no tokenizer
+    needed). tokenizer: a model in memory's tokenizer, when it does not carry one.
+    control="random": `run_control_report`, both the weights and the same architecture at
+    initialization, side by side. Passing the settings as keywords (n_tokens=..., k=...) is
+    deprecated.
 
     Arguments are checked against the model's config before any heavy work; the hidden states
     (where a text that is too short shows) run before the V² pass of ε. If a stage fails, report.json
     is still written with the stages that finished and the error, and the error is raised."""
     settings = _with_legacy(settings or ReportSettings(), legacy)
+    if control is not None:
+        val.check_choice(control, "control", CONTROLS)
+        return run_control_report(source, out, settings, texts=texts, text_name=text_name, token_ids=token_ids,
+                                  tokenizer=tokenizer, progress=progress, log=log, command=command)
     out = val.check_output_folder(out, "out")  # created and writable before any work
-    if texts is None and settings.text_file is not None:
+    if texts is not None and token_ids is not None:
+        raise ValueError("pass texts or token_ids, not both")
+    if texts is None and token_ids is None and settings.text_file is not None:
         texts = read_texts(settings.text_file, jsonl_key=settings.jsonl_key)
         text_name = text_name or os.path.basename(settings.text_file)
-    recorded = {"source": None if source is None else str(source), **settings.to_dict(),
-                "text": text_name or ("default corpus" if texts is None else "texts"),
+    recorded = {"source": _source_label(source), **settings.to_dict(),
+                "text": text_name or ("token_ids" if token_ids is not None else
+                                      "default corpus" if texts is None else "texts"),
                 "text_file": None if settings.text_file is None else os.path.abspath(settings.text_file),
                 "text_file_sha256": None if settings.text_file is None else _file_sha256(settings.text_file)}
     report: Dict = {"provenance": _provenance(command, recorded)}
@@ -293,9 +331,25 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
         return cleaned
 
     try:
-        t0 = _stage("loading the embedding matrices", log)
-        emb, no_unembedding = _load_for_report(source, s.n_rows, s.device)
+        t0 = _stage("loading the embedding matrices" + (" (building the model at initialization)"
+                                                        if s.init == "random" else ""), log)
+        model = None  # the model object when it is in memory (given, or built at initialization)
+        if s.init == "random" or is_in_memory(source):
+            model, _ = open_model(source, tokenizer=tokenizer, init=s.init, seed=s.seed, dtype=s.dtype,
+                                  device=s.device)
+            source = model
+        elif tokenizer is not None:
+            raise ValueError("tokenizer= is for a model in memory; a model read from disk uses its own tokenizer")
+        device = s.device if s.device is not None else str(model.device) if model is not None else "cpu"
+        if model is not None and s.device is None:  # the model's device decides where the ops run
+            check_stats_settings(val.check_device(device), s.bins, zero_rows=s.zero_rows, backend=s.backend,
+                                 precision=s.precision)
+            resolve_backend(s.backend, val.check_device(device), "subspace_pga")
+        emb, no_unembedding = _load_for_report(source, s.n_rows, device)
         report["model"] = emb.to_dict()
+        report["model"]["device"] = device
+        if model is not None:
+            report["model"]["in_memory"] = model.describe()
         seconds["load"] = time.perf_counter() - t0
         log(f"   {emb.kind} · {emb.architecture} · {emb.rows_kept}×{emb.d_model} · tied={emb.tied} ({emb.tied_reason})")
 
@@ -315,13 +369,16 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
 
         if skip is None:
             t0 = _stage(f"hidden states ({s.n_tokens} tokens, seed {s.seed})", log)
-            states = hidden_states(source, texts=texts, layers=s.layers, n_tokens=s.n_tokens, batch_size=s.batch_size,
-                                   dtype=s.dtype, device=s.device, seed=s.seed, text_name=text_name,
-                                   progress=progress)
+            states = hidden_states(source, texts=texts, token_ids=token_ids, layers=s.layers, n_tokens=s.n_tokens,
+                                   batch_size=s.batch_size, dtype=None if model is not None else s.dtype,
+                                   device=None if model is not None else s.device, seed=s.seed, text_name=text_name,
+                                   progress=progress, last_layer=s.last_layer, states_device=device)
             report["hidden_states"] = states.to_dict()
             seconds["hidden_states"] = time.perf_counter() - t0
             if keep_layers is not None and states.layers != keep_layers:
                 raise RuntimeError(f"the model ran layers {states.layers}, its config says {keep_layers}")
+            if model is not None and model.init == "random":
+                source = model = None  # the rest needs only the states and the embeddings: the built model can go
 
         t0 = _stage("ε of the embedding matrix (streamed over all pairs, and exact)", log)
         matrix = emb.input if emb.input is not None else emb.output
@@ -353,8 +410,8 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
             t0 = _stage(f"Subspace PGA: {len(states)} layers × CCR {list(s.ccrs)}, k={s.k}, {s.n_null} null "
                         f"subspaces", log)
             basis = readout_basis(emb.output, s.k).basis  # once, for the profile and the spectra
-            results = pga_profile([states[layer].to(s.device) for layer in states.layers], basis=basis.to(s.device),
-                                  n_null=s.n_null, ccrs=s.ccrs, seed=s.seed, backend=s.backend, precision=s.precision,
+            results = pga_profile([states[layer] for layer in states.layers], basis=basis, n_null=s.n_null,
+                                  ccrs=s.ccrs, seed=s.seed, backend=s.backend, precision=s.precision,
                                   progress=progress)
             profile = {str(ccr): [{"layer": layer, **{key: _finite(getattr(r, key)) for key in
                                                      ("z", "rho_readout", "null_mean", "null_std")},
@@ -365,14 +422,14 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
             report["pga"] = {"k": s.k, "n_null": s.n_null, "seed": s.seed, "ccrs": list(s.ccrs),
                              "readout": "top-k right singular vectors of W_U (the unembedding"
                                         + (", tied to the input embedding)" if emb.tied else ")"),
-                             "profile": profile}
+                             "last_layer": states.meta["last_layer"], "profile": profile}
             plots["pga_profile"] = "pga_profile.png"
             plotting.plot_pga_profile(profile, os.path.join(out, plots["pga_profile"]),
                                       f"{emb.source}: Subspace PGA, k={s.k}, {s.n_null} nulls, {s.n_tokens} tokens")
             seconds["pga"] = time.perf_counter() - t0
 
             t0 = _stage("spectral metrics and readout alignment per layer", log)
-            spectral = spectral_profile(states, basis.cpu())
+            spectral = spectral_profile(states, basis)
             report["spectral"] = {"m_directions": 10, "k": s.k, "layers": spectral}
             plots["spectral"] = "spectral.png"
             plotting.plot_spectral(spectral, os.path.join(out, plots["spectral"]), f"{emb.source}: spectra per layer")
@@ -384,6 +441,97 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
     report = finish()
     log(f"== wrote {out}/report.json, report.md and {len(plots)} plots in {seconds['total']:.1f} s")
     return report
+
+
+CONTROLS = ("random",)
+
+
+def run_control_report(source=None, out: str = "repcap_report", settings: Optional[ReportSettings] = None, *,
+                       progress: bool = True, log=print, command: Optional[List[str]] = None, **kwargs) -> Dict:
+    """A model and its random-init control, side by side: the whole report of the weights in
+    OUT/trained, of the same architecture at initialization (settings.seed) in OUT/random_init,
+    and OUT/report.json, OUT/report.md and OUT/pga_control.png comparing them: ε of both, and z per
+    layer of both in one plot. Both analyses use the same settings, the same token sample and the
+    same null subspaces (the same seed), so they differ only in the weights. kwargs: as for
+    `run_report` (texts, text_name, token_ids, tokenizer). Returns the comparison dict, with the
+    two reports under "trained" and "random_init"."""
+    settings = settings or ReportSettings()
+    if settings.init != "trained":
+        raise ValueError(f"a control report analyses the weights and a random init of them: settings.init must be "
+                         f"'trained', got {settings.init!r}")
+    out = val.check_output_folder(out, "out")
+    t0 = time.perf_counter()
+    reports = {}
+    for name, init in (("trained", "trained"), ("random_init", "random")):
+        log(f"=== {name.replace('_', ' ')}")
+        reports[name] = run_report(source, os.path.join(out, name), dataclasses.replace(settings, init=init),
+                                   progress=progress, log=log, command=command, **kwargs)
+    doc = {"provenance": _provenance(command, {"source": _source_label(source), **settings.to_dict(),
+                                               "control": "random"}),
+           "reports": {name: f"{name}/report.json" for name in reports}, **reports}
+    doc["comparison"] = _control_comparison(reports["trained"], reports["random_init"])
+    doc["provenance"]["seconds"] = {"total": time.perf_counter() - t0}
+    doc = _clean(doc)
+    with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1, allow_nan=False)
+    if doc["comparison"]["pga"]:
+        plotting.plot_pga_control({"trained": reports["trained"]["pga"]["profile"],
+                                   f"random init (seed {settings.seed})": reports["random_init"]["pga"]["profile"]},
+                                  os.path.join(out, "pga_control.png"),
+                                  f"{doc['trained']['model']['source']}: trained vs random init, Subspace PGA")
+    with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as fh:
+        fh.write(control_markdown(doc))
+    log(f"== wrote {out}/report.json, report.md and pga_control.png (each analysis in {out}/trained and "
+        f"{out}/random_init)")
+    return doc
+
+
+def _control_comparison(trained: Dict, random: Dict) -> Dict:
+    """ε of both (streamed and exact, input and output) and z per (CCR, layer) of both."""
+    eps = {}
+    for key in ("input", "output"):
+        a, b = trained["epsilon"].get(key), random["epsilon"].get(key)
+        if a and b:
+            eps[key] = {name: {"epsilon": r["epsilon"], "exact": r["exact"]["epsilon"], "mean": r["stream"]["mean"],
+                               "std": r["stream"]["std"], "class": r["class"]}
+                        for name, r in (("trained", a), ("random_init", b))}
+    pga = {}
+    if "profile" in trained.get("pga", {}) and "profile" in random.get("pga", {}):
+        for ccr, rows in trained["pga"]["profile"].items():
+            other = {r["layer"]: r for r in random["pga"]["profile"][ccr]}
+            pga[ccr] = [{"layer": r["layer"], "z_trained": r["z"], "z_random_init": other[r["layer"]]["z"],
+                         "rho_trained": r["rho_readout"], "rho_random_init": other[r["layer"]]["rho_readout"]}
+                        for r in rows]
+    return {"epsilon": eps, "pga": pga}
+
+
+def control_markdown(doc: Dict) -> str:
+    """A readable summary of a control report (`run_control_report`)."""
+    t = doc["trained"]
+    c = doc["comparison"]
+    lines = [f"# repcap report: {t['model']['source']}, trained and at random initialization", "",
+             f"- the weights: [trained/report.md](trained/report.md); the same architecture at initialization "
+             f"(seed {doc['provenance']['settings']['seed']}): [random_init/report.md](random_init/report.md)",
+             f"- {doc['provenance']['time_utc']}, repcap_fast {doc['provenance']['versions']['repcap_fast']}", "",
+             "## ε", "", "| matrix | ε trained | ε random init | exact trained | exact random init | class trained | "
+             "class random init |", "|---|---|---|---|---|---|---|"]
+    for key, row in c["epsilon"].items():
+        a, b = row["trained"], row["random_init"]
+        lines.append(f"| {key} | {_fmt(a['epsilon'], '.6f')} | {_fmt(b['epsilon'], '.6f')} | "
+                     f"{_fmt(a['exact'], '.6f')} | {_fmt(b['exact'], '.6f')} | {a['class']} | {b['class']} |")
+    if c["pga"]:
+        ccrs = list(c["pga"])
+        lines += ["", "## Subspace PGA: z per layer", "",
+                  "| layer | " + " | ".join(f"CCR-{k} trained | CCR-{k} random init" for k in ccrs) + " |",
+                  "|---|" + "---|---|" * len(ccrs)]
+        for i, row in enumerate(c["pga"][ccrs[0]]):
+            cells = " | ".join(f"{_fmt(c['pga'][k][i]['z_trained'], '.2f')} | "
+                               f"{_fmt(c['pga'][k][i]['z_random_init'], '.2f')}" for k in ccrs)
+            lines.append(f"| {row['layer']} | {cells} |")
+        lines += ["", "![z trained vs random init](pga_control.png)"]
+    else:
+        lines += ["", "No Subspace PGA: " + str(doc["trained"].get("pga", {}).get("skipped", "not run")) + "."]
+    return "\n".join(lines + [""])
 
 
 def _with_legacy(settings: ReportSettings, legacy: Dict) -> ReportSettings:
@@ -489,24 +637,27 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
                backend: str = "auto", device="cpu", n_rows=None, zero_rows: str = "error", progress: bool = True,
                log=print, command: Optional[List[str]] = None) -> Dict:
     """Several models side by side, like the paper's table: d_model, ε, class, capacity; and the
-    plot of ε against d_model. Writes OUT/survey.json, OUT/survey.md and OUT/epsilon_vs_d.png."""
+    plot of ε against d_model. A source is a path, repo id or alias, or a model in memory (its
+    input embedding; an SAE's W_dec). Writes OUT/survey.json, OUT/survey.md and OUT/epsilon_vs_d.png."""
     if not sources:
         raise ValueError("survey needs at least one SOURCE")
     # every argument and every source checked before the first model loads
     check_stats_settings(val.check_device(device), bins, zero_rows=zero_rows, backend=backend)
     if not math.isfinite(float(k_sigma)):
         raise ValueError(f"k_sigma must be finite, got {k_sigma}")
+    sources = [in_memory_source(source) if is_in_memory(source) else source for source in sources]
     for source in sources:
-        resolve_source(source)
+        if not is_in_memory(source):
+            resolve_source(source)
     out = val.check_output_folder(out, "out")
     rows = []
     for source in sources:
-        t0 = _stage(f"{source}", log)
+        t0 = _stage(_source_label(source), log)
         emb = load_embeddings(source, which="input", n_rows=n_rows, device=device)
         eps, _ = epsilon_analysis(emb.input, bins=bins, k_sigma=k_sigma, backend=backend, zero_rows=zero_rows,
                                   progress=progress)
         full = eps["capacity"]["formulas"]["full"]
-        rows.append({"source": str(source), "architecture": emb.architecture, "vocab_rows": emb.rows_kept,
+        rows.append({"source": _source_label(source), "architecture": emb.architecture, "vocab_rows": emb.rows_kept,
                      "rows_used": eps["rows_used"], "zero_rows_dropped": eps["zero_rows_dropped"],
                      "d_model": emb.d_model, "tied": emb.tied, "epsilon": eps["epsilon"],
                      "epsilon_exact": eps["exact"]["epsilon"], "mean": eps["stream"]["mean"],
@@ -517,7 +668,7 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
                      "welch_floor_vocab": eps["capacity"].get("welch_floor_vocab"),
                      "model": emb.to_dict(), "seconds": time.perf_counter() - t0})
         log(f"   d={emb.d_model} ε={eps['epsilon']:.4f} {eps['class_description']}")
-    doc = _clean({"provenance": _provenance(command, {"sources": [str(s) for s in sources], "bins": bins,
+    doc = _clean({"provenance": _provenance(command, {"sources": [_source_label(s) for s in sources], "bins": bins,
                                                        "k_sigma": k_sigma, "n_rows": n_rows,
                                                        "zero_rows": zero_rows}), "models": rows})
     with open(os.path.join(out, "survey.json"), "w", encoding="utf-8") as fh:

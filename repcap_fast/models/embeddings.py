@@ -11,6 +11,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from .hidden_states import INITS, open_model
+from .in_memory import InMemorySource, embedding_tensors, is_in_memory
 from .readers import MissingTensorError, _GGUFReader, _NpyReader, _Reader, _TorchReader, open_reader, read_json
 from .sources import ResolvedSource, resolve_source
 
@@ -259,24 +261,43 @@ def _check_n_rows(n_rows, vocab_rows: int, tokenizer_size: Optional[int], no_tok
     return int(n_rows)
 
 
-def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dtype] = None, device="cpu",
-                    n_rows: Union[int, str, None] = None, tensor: Optional[str] = None) -> Embeddings:
+def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dtype] = None, device=None,
+                    n_rows: Union[int, str, None] = None, tensor: Optional[str] = None, *, tokenizer=None,
+                    init: str = "trained", seed: int = 0) -> Embeddings:
     """Read only the embedding matrices of a model, offline.
 
     Args:
         source: a path (model directory, .safetensors, .gguf, .npy, .pt), a Hugging Face repo id
-            in the local cache, or an alias ("minilm", the default; "smollm2").
+            in the local cache, or an alias ("minilm", the default; "smollm2"); or a model in
+            memory (`in_memory.in_memory_source`): a transformers model, a TransformerLens
+            HookedTransformer, an nnsight LanguageModel or an SAE-Lens SAE (its W_dec).
         which: "input" (token embedding), "output" (unembedding W_U, V×d) or "both".
         dtype: convert to this dtype; None keeps the stored one (a bf16 checkpoint stays bf16).
             GGUF tensors are dequantized to float32 (F32/F16/BF16/F64 ones keep their type).
-        device: where the tensors go.
+        device: where the tensors go (default: the CPU for a file; a model in memory's own device,
+            where its parameters are returned as detached views, not copies).
         n_rows: keep the first n_rows rows; "tokenizer" keeps the tokenizer's real tokens and drops
             a padded vocabulary's extra rows (`Embeddings.padded_rows` says how many there are).
-        tensor: the input tensor's name, for layouts the architecture table does not know.
+        tensor: the input tensor's name, for layouts the architecture table does not know (for a
+            model in memory, the name of one of its parameters).
+        tokenizer: a model in memory's tokenizer (its size is the number of real tokens).
+        init: "trained", or "random": the same architecture built from its config at
+            initialization with `seed` (`in_memory.random_init`; no weights are read).
 
     Tied embeddings (the same tensor, no output tensor, or config.tie_word_embeddings) are detected
     and reported in `tied` and `tied_reason`; then `output` is `input`.
     """
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if init == "random" or is_in_memory(source):
+        if which not in ("input", "output", "both"):
+            raise ValueError(f"which must be 'input', 'output' or 'both', got {which!r}")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+        src, _ = open_model(source, tokenizer=tokenizer, init=init, seed=seed)
+        return _in_memory_embeddings(src, which, dtype, device, n_rows, tensor)
+    if device is None:
+        device = "cpu"
     if which not in ("input", "output", "both"):
         raise ValueError(f"which must be 'input', 'output' or 'both', got {which!r}")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -384,3 +405,47 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
                       path=resolved.path, kind=kind, architecture=arch, input_name=inp, output_name=out,
                       files_opened=list(reader.files_opened), vocab_rows=vocab_rows,
                       tokenizer_size=tokenizer_size, rows_kept=rows, config=cfg)
+
+
+def _in_memory_embeddings(src: InMemorySource, which: str, dtype, device, n_rows, tensor) -> Embeddings:
+    """load_embeddings for a model in memory: its parameters as detached views (copied only by a
+    dtype, device or row selection), with the same tie rules as for files."""
+    found = embedding_tensors(src)
+    if tensor is not None:
+        params = dict(src.model.named_parameters())
+        if tensor not in params:
+            raise MissingTensorError(f"tensor {tensor!r} is not a parameter of {src.label}. Parameters: "
+                                     f"{_names_listing(list(params))}")
+        if params[tensor].dim() != 2:
+            raise ValueError(f"{src.label}: {tensor!r} should be a 2-D matrix, got shape {tuple(params[tensor].shape)}")
+        chosen, out = params[tensor].detach(), found["output"]
+        same = out is not None and out.shape == chosen.shape and out.data_ptr() == chosen.data_ptr()
+        found.update(input=chosen, input_name=tensor, tied=None if out is None else same,
+                     tied_reason=(f"tensor={tensor!r} is the unembedding itself" if same else
+                                  f"tensor={tensor!r} chosen as the input; the unembedding is the model's own"
+                                  if out is not None else found["tied_reason"]))
+    inp, out, tied, reason = found["input"], found["output"], found["tied"], found["tied_reason"]
+    if which != "input" and out is None:
+        raise NoUnembeddingError(f"which={which!r}: {src.label} has {reason}; use which='input'")
+    vocab_rows = int(inp.shape[0])
+    tokenizer_size = None if src.tokenizer is None or src.framework == "sae_lens" else len(src.tokenizer)
+    why = ("this model in memory was given no tokenizer" if tokenizer_size is None else "")
+    rows = _check_n_rows(n_rows, vocab_rows, tokenizer_size, why)
+    keep = None if rows == vocab_rows else rows
+
+    def take(t):
+        t = t if keep is None else t[:keep]
+        if dtype is not None:
+            t = t.to(dtype)
+        return t if device is None else t.to(device)
+
+    in_t = take(inp) if which in ("input", "both") or (tied and which == "output") else None
+    out_t = None
+    if which in ("output", "both"):
+        out_t = in_t if tied else take(out)
+    if which == "output":
+        in_t = None
+    return Embeddings(input=in_t, output=out_t, tied=tied, tied_reason=reason, source=src.label, path=src.path,
+                      kind=src.framework, architecture=found["architecture"], input_name=found["input_name"],
+                      output_name=found["output_name"], files_opened=[], vocab_rows=vocab_rows,
+                      tokenizer_size=tokenizer_size, rows_kept=rows, config=src.config())

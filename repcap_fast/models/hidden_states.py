@@ -18,9 +18,17 @@ import torch
 
 from .. import _validation as val
 from .._progress import progress_bar
+from .in_memory import InMemorySource, Runner, in_memory_source, is_in_memory, random_init
 from .sources import ResolvedSource, resolve_source
 
 DEFAULT_CORPUS = "sherlock_holmes"
+INITS = ("trained", "random")
+LAST_LAYER_MEANING = {
+    "final_norm": "the last layer is the framework's last hidden state: after the model's final norm when it has "
+                  "one (transformers' hidden_states[-1]; TransformerLens: ln_final of the last hook_resid_post)",
+    "resid_post": "the last layer is the last block's output before any final norm (TransformerLens's last "
+                  "hook_resid_post)",
+}
 
 
 def default_corpus() -> Tuple[str, List[str]]:
@@ -126,6 +134,11 @@ def _gguf_in(resolved: ResolvedSource) -> Optional[Tuple[str, str]]:
 
 def runnable(source) -> Tuple[bool, str]:
     """Whether `hidden_states` can run the model at SOURCE, and if not, why (without loading it)."""
+    if is_in_memory(source) and not isinstance(source, ResolvedSource):
+        src = in_memory_source(source) if not isinstance(source, InMemorySource) else source
+        if src.framework == "sae_lens":
+            return False, "an SAE-Lens SAE is a dictionary (W_dec): it runs no text"
+        return True, f"a {src.framework} model in memory"
     resolved = source if isinstance(source, ResolvedSource) else resolve_source(source)
     if _gguf_in(resolved) is not None:
         return True, "a GGUF model (transformers reads it with the gguf package)"
@@ -138,6 +151,38 @@ def runnable(source) -> Tuple[bool, str]:
         return False, (f"{resolved.path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}): copy the "
                        f"tokenizer next to the weights")
     return True, "a model directory with config.json and a tokenizer"
+
+
+def open_model(source=None, *, tokenizer=None, init: str = "trained", seed: int = 0,
+               dtype: Optional[torch.dtype] = None, device=None) -> Tuple[InMemorySource, Optional[ResolvedSource]]:
+    """The model of SOURCE, ready to run: (the model with its tokenizer, where it was read from or
+    None for a model in memory). init="random" builds the architecture from its config
+    (`random_init`); a model read from disk loads in `dtype` (default float32) on `device`
+    (default CPU); a model in memory stays where it is, and a `device` or `dtype` that differs
+    from its own is an error (it is never moved or cast behind the user's back)."""
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if dtype is not None:
+        dtype = val.check_dtype(dtype)
+    if init == "random":
+        if isinstance(source, InMemorySource) and source.init == "random":
+            return source, None
+        return random_init(source, seed, device=device, dtype=dtype, tokenizer=tokenizer), None
+    if is_in_memory(source):
+        src = in_memory_source(source, tokenizer)
+        if device is not None and torch.device(device) != src.device and not (
+                torch.device(device).type == src.device.type and torch.device(device).index is None):
+            raise ValueError(f"device={str(device)!r}, but the model is on {src.device}: a model in memory is not "
+                             f"moved; pass device=None (or {str(src.device)!r}), or move the model first")
+        if dtype is not None and dtype != src.dtype:
+            raise ValueError(f"dtype={dtype}, but the model is {src.dtype}: a model in memory is not cast; pass "
+                             f"dtype=None, or cast the model first")
+        return src, None
+    resolved = resolve_source(source)
+    if tokenizer is not None:
+        raise ValueError("tokenizer= is for a model in memory; a model read from disk uses its own tokenizer")
+    tok, model = _load_hf(resolved, dtype or torch.float32, "cpu" if device is None else device)
+    return InMemorySource(model, "transformers", model, tok, resolved.source), resolved
 
 
 def _load_hf_quiet(resolved, dtype, device, AutoModel, AutoModelForCausalLM, AutoTokenizer):
@@ -202,23 +247,39 @@ def check_layers(layers, n_layers: int) -> List[int]:
 
 
 def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None, token_ids=None, layers="all",
-                  n_tokens: int = 2048, batch_size: int = 8, dtype: torch.dtype = torch.float32, device="cpu",
+                  n_tokens: int = 2048, batch_size: int = 8, dtype: Optional[torch.dtype] = None, device=None,
                   seed: int = 0, seq_len: int = 128, tokens_per_window: int = 32, text_name: Optional[str] = None,
-                  progress: bool = True) -> HiddenStates:
-    """Token representations of a Hugging Face model at every requested layer, offline.
+                  progress: bool = True, *, tokenizer=None, init: str = "trained", last_layer: str = "final_norm",
+                  states_device="cpu") -> HiddenStates:
+    """Token representations of a model at every requested layer, offline.
+
+    SOURCE is a path, repo id or alias (a Hugging Face model directory or GGUF file), or a model
+    in memory (`in_memory.in_memory_source`: a transformers model, a TransformerLens
+    HookedTransformer, an nnsight LanguageModel).
 
     The text (default: the bundled public-domain corpus, `default_corpus()`) is tokenized into one
     stream and cut into windows of `seq_len` tokens (the tokenizer's special tokens added around
     each). A seeded sample picks windows, then `n_tokens` positions uniformly among those windows'
     tokens (about `tokens_per_window` per window); only those windows are run, in batches, and only
-    the sampled positions of the requested layers are kept (moved to the CPU batch by batch).
+    the sampled positions of the requested layers are kept (moved to `states_device` batch by batch).
 
     Args:
         texts: a string or a list of strings; token_ids: a 1-D stream of ids, or a 2-D batch of
-            windows used as they are (no special tokens added). At most one of the two.
+            windows used as they are (no special tokens added). At most one of the two. Token ids
+            need no tokenizer (a 1-D stream then gets no special tokens); texts do.
         layers: "all", an int or a list (0 = the embedding output; negative counts from the end).
         n_tokens: tokens to sample; more than the text provides is an error.
-        dtype, device: the model's dtype and device. States are returned as float32 on the CPU.
+        dtype, device: the model's dtype and device. None: float32 on the CPU for a model read
+            from disk, and an in-memory model's own (it is never moved or cast: a different
+            explicit value is an error).
+        tokenizer: the tokenizer of an in-memory model (default: its own, or found from its
+            name_or_path on this machine).
+        init: "trained" (the weights as they are) or "random": the same architecture built from
+            its config at initialization (`in_memory.random_init`, seeded with `seed`).
+        last_layer: the point of the residual stream the last layer is read at, "final_norm" (the
+            framework's last hidden state, after the model's final norm when it has one) or
+            "resid_post" (the last block's output before it); see `in_memory.Runner`.
+        states_device: where the returned float32 states go (default the CPU).
     """
     if texts is not None and token_ids is not None:
         raise ValueError("pass texts or token_ids, not both")
@@ -234,18 +295,22 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
         raise ValueError(f"token_ids must be a non-empty 1-D stream or 2-D batch of integer ids, got "
                          f"{tuple(ids.shape)} {ids.dtype}")
     batch_ids = ids is not None and ids.dim() == 2
-    resolved = resolve_source(source)
-    tok, model = _load_hf(resolved, dtype, device)
-    text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    n_layers = int(text_cfg.num_hidden_layers)
+    out_device = val.check_device(states_device, "states_device")
+    src, resolved = open_model(source, tokenizer=tokenizer, init=init, seed=seed, dtype=dtype, device=device)
+    runner = Runner(src, last_layer)
+    tok, device = src.tokenizer, src.device
+    if tok is None and ids is None:
+        raise ValueError(f"hidden states of {src.label}: texts need a tokenizer, and this model has none "
+                         f"({'; '.join(src.notes) or 'none was given'}): pass tokenizer=, or token_ids=")
+    n_layers = runner.n_layers
     keep_layers = check_layers(layers, n_layers)
 
-    max_len = getattr(text_cfg, "max_position_embeddings", None)
+    max_len = runner.max_positions
     if batch_ids and max_len and ids.shape[1] > max_len:
         raise ValueError(f"token_ids rows have {ids.shape[1]} tokens; the model takes at most {max_len}")
     if max_len and seq_len > max_len:
         raise ValueError(f"seq_len={seq_len} is longer than the model's maximum of {max_len} positions")
-    prefix, suffix = ([], []) if batch_ids else _specials(tok)
+    prefix, suffix = ([], []) if batch_ids or tok is None else _specials(tok)
     content_len = seq_len - len(prefix) - len(suffix)
     if content_len < 1:
         raise ValueError(f"seq_len={seq_len} leaves no room for text between the special tokens {prefix} … {suffix}")
@@ -279,7 +344,8 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
         text_meta["unknown_token_fraction"] = unk_fraction
         if unk_fraction > 0.05:
             raise ValueError(f"{unk_fraction:.0%} of the text's tokens are the unknown token {tok.unk_token!r}: the "
-                             f"tokenizer at {resolved.path} does not fit this text (or is not this model's)")
+                             f"tokenizer of {src.path if resolved is None else resolved.path} does not fit this "
+                             f"text (or is not this model's)")
     available = sum(len(w) for w in windows_ids)
     text_meta["tokens_available"] = available
     if n_tokens > available:
@@ -305,7 +371,7 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
     for w, o in sample:
         by_window.setdefault(w, []).append(o)
 
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else 0
     kept: Dict[int, List[torch.Tensor]] = {layer: [] for layer in keep_layers}
     run_windows = sorted(by_window)
     with torch.inference_mode(), progress_bar(bool(progress), total=len(run_windows), desc="hidden states",
@@ -319,15 +385,12 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
             for i, s in enumerate(seqs):
                 input_ids[i, : len(s)] = torch.tensor(s)
                 mask[i, : len(s)] = 1
-            out = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), output_hidden_states=True)
-            hs = out.hidden_states
-            if len(hs) != n_layers + 1:
-                raise RuntimeError(f"the model returned {len(hs)} hidden states, expected {n_layers + 1}")
+            hs = runner(input_ids.to(device), mask.to(device))
             rows = torch.tensor([i for i, w in enumerate(batch) for _ in by_window[w]], device=device)
             cols = torch.tensor([len(prefix) + o for w in batch for o in by_window[w]], device=device)
             for layer in keep_layers:
-                kept[layer].append(hs[layer][rows, cols].float().cpu())
-            del out, hs
+                kept[layer].append(hs[layer][rows, cols].float().to(out_device))
+            del hs
             bar.update(len(batch))
     states = {layer: torch.cat(parts) for layer, parts in kept.items()}
     ordered = [(w, o) for w in run_windows for o in by_window[w]]
@@ -335,12 +398,17 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
         "token_ids": torch.tensor([int(windows_ids[w][o]) for w, o in ordered], dtype=torch.long),
         "windows": torch.tensor([w for w, _ in ordered]),
         "offsets": torch.tensor([o for _, o in ordered]),
-        "source": resolved.source, "path": resolved.path, "n_tokens": n_tokens, "seed": seed, "seq_len": seq_len,
-        "tokens_per_window": tokens_per_window, "windows_run": len(run_windows), "n_layers": n_layers,
-        "model_class": type(model).__name__, "model_dtype": str(dtype).replace("torch.", ""), "device": str(device),
+        "source": src.label if resolved is None else resolved.source,
+        "path": src.path if resolved is None else resolved.path, "n_tokens": n_tokens, "seed": seed,
+        "seq_len": seq_len, "tokens_per_window": tokens_per_window, "windows_run": len(run_windows),
+        "n_layers": n_layers, "model_class": type(src.model).__name__,
+        "model_dtype": str(src.dtype).replace("torch.", ""), "device": str(device), "states_device": str(out_device),
+        "model": src.describe(), "init": src.init,
+        "last_layer": {"point": last_layer, "differs_from_other_point": runner.last_layer_is_normed,
+                       "meaning": LAST_LAYER_MEANING[last_layer]},
         "special_tokens": {"before": prefix, "after": suffix}, "text": text_meta,
-        "tokenizer": {"class": type(tok).__name__, "size": len(tok),
-                      "name_or_path": str(getattr(tok, "name_or_path", ""))},
+        "tokenizer": None if tok is None else {"class": type(tok).__name__, "size": len(tok),
+                                               "name_or_path": str(getattr(tok, "name_or_path", ""))},
         "sampling": "windows in a seeded random order until they hold enough tokens, then n_tokens positions "
                     "uniformly among their tokens (numpy default_rng(seed))",
     }
