@@ -3,6 +3,10 @@ real models, each run in a fresh process, with the time of each stage from its r
 
     python -m pytest bench/bench_report.py -s              # CPU: MiniLM and SmolLM2 (default settings)
     python -m pytest bench/bench_report.py -s -k gpu       # the same with --device cuda (bench/gpu_suite.sh)
+    python -m pytest bench/bench_report.py -s -k scale     # at vocabulary scale, no model package needed:
+        # a Qwen2-shaped 151,936 × 896 model built on the GPU and its whole report, and ε of a
+        # Llama-3-8B-shaped 128,256 × 4096 matrix, streamed and exact (bench/report_at_scale.py;
+        # on a CPU, or with REPCAP_BENCH_SMOKE=1, at its smoke sizes)
 
 Peak memory: the process's peak resident set (CPU), and on a GPU also torch's peak allocation.
 Results: a table printed last and JSON under bench/results/ (bench/_harness.py).
@@ -84,7 +88,54 @@ def test_report_gpu(benchmark, model, tmp_path):
     _bench(benchmark, model, "cuda", tmp_path)
 
 
+SCALE = {}
+
+
+def run_scale(case: str, device: str, smoke: bool, tmp_path) -> dict:
+    """bench/report_at_scale.py CASE in a fresh process (its own peak memory), its result parsed."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_at_scale.py")
+    cmd = [sys.executable, script, case, "--device", device, "--out", str(tmp_path / case), "--no-progress"]
+    cmd += ["--smoke"] if smoke else []
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = next(json.loads(line[len("SCALE_RESULT "):]) for line in proc.stdout.splitlines()
+               if line.startswith("SCALE_RESULT "))
+    res["process_seconds"] = time.perf_counter() - t0
+    return res
+
+
+@pytest.mark.parametrize("case", ["qwen2", "llama3_embeddings"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not HAS_CUDA, reason="no CUDA device")])])
+def test_scale(benchmark, case, device, tmp_path):
+    smoke = SMOKE or device == "cpu"  # the full sizes are for one GPU; a CPU runs the same code small
+    res = {}
+    benchmark.pedantic(lambda: res.update(run_scale(case, device, smoke, tmp_path)), rounds=1, iterations=1)
+    SCALE[f"{device}_{case}"] = res
+    emit(res, f"report at scale {device} {case}")
+
+
 def teardown_module(module):
+    if SCALE:
+        lines = ["at vocabulary scale (bench/report_at_scale.py; fresh process each)"]
+        for key, r in SCALE.items():
+            if r["case"] == "qwen2":
+                stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stage_seconds"].items())
+                lines.append(f"  {key}: {r['shape']['vocab_size']}×{r['shape']['hidden_size']}, "
+                             f"{r['layers']} layers{' (smoke sizes)' if r['smoke'] else ''}: "
+                             f"wall {r['wall_seconds']:.1f} s "
+                             f"(model built at init included), stages: {stages}; GPU peak "
+                             f"{mib(r['gpu_peak_bytes']):.0f} MiB; ε in {r['epsilon']['input']['stream']:.6f} "
+                             f"(exact {r['epsilon']['input']['exact']:.6f})")
+            else:
+                for row in r["results"]:
+                    lines.append(f"  {key} {r['shape'][0]}×{r['shape'][1]} {row['dtype']}"
+                                 f"{' (smoke sizes)' if r['smoke'] else ''}: stream {row['stream']['seconds']:.2f} s "
+                                 f"({row['stream']['backend']}), exact {row['exact']['seconds']:.2f} s, ε "
+                                 f"{row['stream']['epsilon']:.6f} − exact = {row['stream_minus_exact']:.2e}")
+        tag = "gpu" if any(k.startswith("cuda") for k in SCALE) else "cpu"
+        write_results(f"report_scale_{tag}", {"op": "repcap report at vocabulary scale", "results": SCALE}, lines)
     if not RESULTS:
         return
     rows = [{**r, "shape": "×".join(map(str, r["shape"])), "rss_mib": mib(r["peak_rss_bytes"]),

@@ -6,8 +6,9 @@
 #   REPCAP_BENCH_SMOKE=1 bash bench/gpu_suite.sh     # small sizes, a minute
 #   REPCAP_GPU_SUITE_BUDGET=420 bash bench/gpu_suite.sh   # wall-clock budget in seconds
 # Device time is scarce, so every step runs under a time limit taken from what is left of the
-# budget, the cheapest and most informative steps first (tests, PGA, penalty, then the big
-# cosine grid and the k = 262,144 penalty cell), and every measurement is printed as it lands.
+# budget, the cheapest and most informative steps first (tests, PGA, the report at vocabulary
+# scale, penalty, then the big cosine grid and the k = 262,144 penalty cell), and every
+# measurement is printed as it lands.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -73,6 +74,9 @@ tests_rc=$?
 bench() { python -m pytest "$@" -q -s -p no:cacheprovider; }
 export -f bench
 step bench-pga 120 bench bench/bench_pga.py -k gpu  # incl. the 32-layer profile and the naive pipeline
+# the whole report of a Qwen2-shaped 151,936 × 896 model built on the GPU (no model package needed),
+# and ε of a Llama-3-8B-shaped 128,256 × 4096 matrix, streamed and exact
+step bench-report-scale 150 bench bench/bench_report.py -k "scale and cuda"
 step bench-penalty 120 bench bench/bench_penalty.py -k "test_gpu and not huge"
 step bench-cosine 240 bench bench/bench_cosine_stats.py -k "gpu or report"
 step diagnostics 120 python bench/gpu_diagnostics.py "$out/gpu_diagnostics.json"

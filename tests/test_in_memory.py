@@ -369,3 +369,29 @@ def test_init_random_report_from_the_cli(tokenizer, tmp_path):
     r = json.loads((tmp_path / "r" / "report.json").read_text())
     assert r["model"]["in_memory"]["init"] == "random" and r["provenance"]["settings"]["init"] == "random"
     assert r["pga"]["last_layer"]["point"] == "resid_post" and r["model"]["tied"] is True
+
+
+# --- the GPU suite's report at vocabulary scale, at its smoke sizes --------------------------------
+
+def test_the_scale_bench_runs_at_smoke_sizes(tmp_path):
+    """bench/report_at_scale.py runs unattended in the GPU suite: the same code, small, here."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    try:
+        import report_at_scale
+    finally:
+        sys.path.pop(0)
+    res = report_at_scale.qwen2("cpu", True, str(tmp_path / "q"), progress=False)
+    shape = report_at_scale.QWEN2_SMOKE
+    assert res["layers"] == shape["num_hidden_layers"] + 1 and sorted(res["z"]) == ["1", "10", "5"]
+    assert all(len(zs) == res["layers"] for zs in res["z"].values())
+    assert set(res["stage_seconds"]) >= {"load", "hidden_states", "epsilon", "pga", "spectral", "total"}
+    for key in ("input", "output"):  # untied: both matrices, streamed and exact
+        assert res["epsilon"][key]["stream"] == pytest.approx(res["epsilon"][key]["exact"], abs=1e-6)
+    report = json.loads((tmp_path / "q" / "report.json").read_text())
+    assert report["model"]["in_memory"]["init"] == "random" and report["model"]["tied"] is False
+    assert report["hidden_states"]["tokenizer"] is None and report["model"]["input"]["shape"] == [3000, 64]
+    emb = report_at_scale.llama3_embeddings("cpu", True, progress=False)
+    for row in emb["results"]:
+        assert abs(row["stream_minus_exact"]) < 1e-6

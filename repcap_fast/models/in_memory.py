@@ -241,7 +241,8 @@ def random_init(source, seed: int = 0, device=None, dtype: Optional[torch.dtype]
     its own initializer (`_init_weights`), under `torch.manual_seed(seed)` in a forked RNG (the
     caller's global RNG state is unchanged). Built directly on `device` (default CPU) in `dtype`
     (default float32): values are deterministic for a given (seed, device), and differ between
-    devices because their generators differ."""
+    devices because their generators differ. Another `dtype` rounds the float32 initialization.
+    Built in the default float32 unless the config names another dtype."""
     from transformers import AutoModel, AutoModelForCausalLM
 
     from .. import _validation as val
@@ -253,11 +254,13 @@ def random_init(source, seed: int = 0, device=None, dtype: Optional[torch.dtype]
     devices = [dev.index or 0] if dev.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        with dev:
+        with dev:  # parameters are created and initialized on the device (no host copy)
             try:
-                model = AutoModelForCausalLM.from_config(cfg, dtype=dtype or torch.float32)
+                model = AutoModelForCausalLM.from_config(cfg)
             except ValueError:  # no causal-LM class (BERT): the base model
-                model = AutoModel.from_config(cfg, dtype=dtype or torch.float32)
+                model = AutoModel.from_config(cfg)
+    if dtype is not None and dtype != torch.float32:  # initialized in float32, then rounded
+        model = model.to(dtype)
     model.eval()
     notes = [f"built from the config of {label} by {type(model).__name__}.from_config, seed {seed}, on {dev}"]
     return InMemorySource(model, "transformers", model, tok, f"{label} (random init, seed {seed})", "random", seed,
