@@ -224,3 +224,52 @@ def extra_peak_bytes(setup: str, measured: str) -> int:
                          env={**os.environ, "OMP_NUM_THREADS": "2"})
     assert out.returncode == 0, out.stderr[-2000:]
     return int(out.stdout.strip().splitlines()[-1])
+
+
+class HostCopies(torch.overrides.TorchFunctionMode):
+    """Records every copy of tensor data to the host that repcap_fast's own code makes while the
+    mode is on: .cpu(), .numpy(), __array__, .tolist(), and .to() onto the CPU written as such
+    ("cpu" on the calling line; a .to(device) that follows the caller's device is not a copy off
+    it). Scalar reads (.item(), float(), bool()) and one-element tensors are not data leaving the
+    device and are not recorded. On a CPU run nothing actually moves: what this checks is where
+    the code *would* copy on a GPU. `sites` maps (file relative to the package, function) to the
+    largest number of elements copied there."""
+
+    _HOST = ("cpu", "numpy", "__array__", "tolist")
+
+    def __init__(self):
+        super().__init__()
+        self.sites = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if (name in self._HOST or name == "to") and args and isinstance(args[0], torch.Tensor) and args[0].numel() > 1:
+            site = self._caller()
+            if site is not None and (name != "to" or "cpu" in site[2]):
+                key = site[:2]
+                self.sites[key] = max(self.sites.get(key, 0), int(args[0].numel()))
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _caller():
+        """(file relative to repcap_fast/, function, source line) of the innermost frame of the
+        package or of its Triton kernels (triton_kernels/...)."""
+        import linecache
+
+        package = os.path.dirname(os.path.abspath(rf.__file__))
+        roots = [(package + os.sep, "")]
+        spec = importlib.util.find_spec("repcap_fast.triton_kernels")
+        if spec is not None and spec.submodule_search_locations:  # installed beside the package (editable)
+            kernels = os.path.abspath(list(spec.submodule_search_locations)[0])
+            if not kernels.startswith(package + os.sep):
+                roots.append((kernels + os.sep, "triton_kernels/"))
+        frame = sys._getframe(2)
+        while frame is not None:
+            path = os.path.abspath(frame.f_code.co_filename)
+            for root, prefix in roots:
+                if path.startswith(root):
+                    name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+                    return prefix + path[len(root):], name, linecache.getline(path, frame.f_lineno)
+            frame = frame.f_back
+        return None

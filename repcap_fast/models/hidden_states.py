@@ -315,7 +315,7 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
     if content_len < 1:
         raise ValueError(f"seq_len={seq_len} leaves no room for text between the special tokens {prefix} … {suffix}")
     if ids is not None:
-        arr = ids.to(torch.int64).numpy()
+        arr = ids.to("cpu", torch.int64).numpy()  # token ids are indexed on the host (_residency.py)
         if batch_ids:
             windows_ids = list(arr)
         else:
