@@ -85,3 +85,55 @@ def test_a_whole_report_keeps_its_tensors_on_the_device(device, backend, tmp_pat
     assert report["model"]["device"].startswith(device) and report["model"]["input"]["device"].startswith(device)
     assert report["hidden_states"]["states_device"].startswith(device)
     assert not _undocumented(copies), "copies to the host not listed in repcap_fast/_residency.py"
+
+
+def _word_level_model(path, seed=0):
+    """A model directory that needs no model package: a word-level tokenizer over the bundled
+    corpus (every word in it, so no unknown tokens) and a tiny Llama with that vocabulary."""
+    from collections import Counter
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from repcap_fast.models import default_corpus
+
+    pre = pre_tokenizers.Whitespace()
+    words = Counter(w for p in default_corpus()[1] for w, _ in pre.pre_tokenize_str(p))
+    vocab = {"[PAD]": 0, "[UNK]": 1}
+    for word, _ in words.most_common():
+        vocab[word] = len(vocab)
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", pad_token="[PAD]")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=256))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+@pytest.mark.parametrize("device,backend", device_backends(kernels_only=True, cpu=("cpu",), gpu=("cuda", "triton")))
+def test_cli_report_runs_end_to_end_on_the_device(device, backend, tmp_path):
+    """`repcap report DIR --device D`: the model, the hidden states and every op on D (no model
+    package needed: the model directory is built here)."""
+    import json
+
+    from repcap_fast.cli import main
+
+    gpu_backend_built(backend)
+    path = _word_level_model(tmp_path / "model")
+    out = tmp_path / "report"
+    rc = main(["report", path, "--out", str(out), "--device", device, "--backend", backend, "--n-tokens", "256",
+               "--k", "8", "--n-null", "8", "--ccr", "1,5", "--no-progress"])
+    assert rc == 0
+    r = json.loads((out / "report.json").read_text())
+    assert r["model"]["input"]["device"].startswith(device) and r["hidden_states"]["device"].startswith(device)
+    assert r["hidden_states"]["states_device"].startswith(device)
+    assert r["epsilon"]["input"]["backend"] == backend and r["epsilon"]["output"]["backend"] == backend
+    assert {row["backend"] for rows in r["pga"]["profile"].values() for row in rows} == {backend}
+    for key in ("input", "output"):
+        assert r["epsilon"][key]["epsilon"] == pytest.approx(r["epsilon"][key]["exact"]["epsilon"], abs=1e-5)
+    assert r["hidden_states"]["text"]["unknown_token_fraction"] == 0.0
