@@ -24,7 +24,7 @@ from ._version import __version__
 from .models import DEFAULT_MODEL, INITS, LAST_LAYER_POINTS, load_embeddings
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
-from .report import CONTROLS, ReportSettings, run_report, run_survey
+from .report import CONTROLS, ReportSettings, run_pga_survey, run_report, run_survey
 
 
 def _cmd_info(args) -> int:
@@ -242,22 +242,31 @@ def _layers(text: str):
 
 
 def _cmd_report(args) -> int:
-    if args.text and args.jsonl:
-        raise ValueError("give --text or --jsonl, not both")
-    if args.jsonl and not args.jsonl.endswith(".jsonl"):
-        raise ValueError(f"--jsonl {args.jsonl!r}: expected a .jsonl file")
     _check_device_arg(args)
-    settings = ReportSettings(n_tokens=args.n_tokens, layers=args.layers, k=args.k, n_null=args.n_null,
-                              ccrs=tuple(args.ccr), seed=args.seed, device=args.device, dtype=DTYPE_NAMES[args.dtype],
-                              backend=args.backend, precision=args.precision, bins=args.bins, n_rows=args.n_rows,
-                              zero_rows=args.zero_rows, batch_size=args.batch_size, text_file=args.text or args.jsonl,
-                              jsonl_key=args.jsonl_key, init=args.init, last_layer=args.last_layer)
+    settings = _report_settings(args)
     run_report(args.source, args.out, settings, control=args.control, progress=args.progress, command=sys.argv)
     return 0
 
 
+def _report_settings(args) -> ReportSettings:
+    """The ReportSettings of `repcap report` and `repcap survey --pga` from their options."""
+    if args.text and args.jsonl:
+        raise ValueError("give --text or --jsonl, not both")
+    if args.jsonl and not args.jsonl.endswith(".jsonl"):
+        raise ValueError(f"--jsonl {args.jsonl!r}: expected a .jsonl file")
+    return ReportSettings(n_tokens=args.n_tokens, layers=args.layers, k=args.k, n_null=args.n_null,
+                          ccrs=tuple(args.ccr), seed=args.seed, device=args.device, dtype=DTYPE_NAMES[args.dtype],
+                          backend=args.backend, precision=args.precision, bins=args.bins, n_rows=args.n_rows,
+                          zero_rows=args.zero_rows, batch_size=args.batch_size, text_file=args.text or args.jsonl,
+                          jsonl_key=args.jsonl_key, init=args.init, last_layer=args.last_layer)
+
+
 def _cmd_survey(args) -> int:
     _check_device_arg(args)
+    if args.pga:
+        run_pga_survey(args.sources, args.out, _report_settings(args), agreement_null=args.agreement_null,
+                       progress=args.progress, command=sys.argv)
+        return 0
     run_survey(args.sources, args.out, bins=args.bins, backend=args.backend, device=args.device, n_rows=args.n_rows,
                zero_rows=args.zero_rows, progress=args.progress, command=sys.argv)
     return 0
@@ -328,50 +337,57 @@ def build_parser() -> argparse.ArgumentParser:
     packing_options(p_sweep, grid=True)
     p_sweep.set_defaults(func=_cmd_sweep)
 
-    p_rep = sub.add_parser("report", help="the full analysis of one model: ε, capacity, Subspace-PGA profile, spectra")
-    p_rep.add_argument("source", nargs="?", default=None, help=source_help)
-    p_rep.add_argument("--out", default="repcap_report", help="output folder (default ./repcap_report)")
-    p_rep.add_argument("--text", metavar="FILE", help="plain text to sample tokens from (default: the bundled "
+    def analysis_options(p):
+        """The options of a report (also `survey --pga`)."""
+        p.add_argument("--text", metavar="FILE", help="plain text to sample tokens from (default: the bundled "
                        "public-domain corpus, The Adventures of Sherlock Holmes)")
-    p_rep.add_argument("--jsonl", metavar="FILE", help="JSON lines with a text field (see --jsonl-key)")
-    p_rep.add_argument("--jsonl-key", default="text")
-    p_rep.add_argument("--n-tokens", type=int, default=2048, help="tokens sampled for the hidden states (default 2048)")
-    p_rep.add_argument("--layers", type=_layers, default="all", help="'all' or e.g. 0,6,12")
-    p_rep.add_argument("--k", type=int, default=100, help="readout subspace dimension (default 100)")
-    p_rep.add_argument("--n-null", type=int, default=100, help="random subspaces in the null (default 100)")
-    p_rep.add_argument("--ccr", type=_int_list, default=[1, 5, 10], help="CCR variants (default 1,5,10)")
-    p_rep.add_argument("--seed", type=int, default=0)
-    p_rep.add_argument("--device", default="cpu", help="e.g. cpu, cuda")
-    p_rep.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="model dtype")
-    p_rep.add_argument("--batch-size", type=int, default=8)
-    p_rep.add_argument("--n-rows", type=_n_rows, help="first N rows of the embeddings, or 'tokenizer'")
-    p_rep.add_argument("--zero-rows", choices=("error", "drop"), default="error",
+        p.add_argument("--jsonl", metavar="FILE", help="JSON lines with a text field (see --jsonl-key)")
+        p.add_argument("--jsonl-key", default="text")
+        p.add_argument("--n-tokens", type=int, default=2048, help="tokens sampled for the hidden states (default 2048)")
+        p.add_argument("--layers", type=_layers, default="all", help="'all' or e.g. 0,6,12")
+        p.add_argument("--k", type=int, default=100, help="readout subspace dimension (default 100)")
+        p.add_argument("--n-null", type=int, default=100, help="random subspaces in the null (default 100)")
+        p.add_argument("--ccr", type=_int_list, default=[1, 5, 10], help="CCR variants (default 1,5,10)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--device", default="cpu", help="e.g. cpu, cuda")
+        p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="model dtype")
+        p.add_argument("--batch-size", type=int, default=8)
+        p.add_argument("--n-rows", type=_n_rows, help="first N rows of the embeddings, or 'tokenizer'")
+        p.add_argument("--zero-rows", choices=("error", "drop"), default="error",
                        help="embedding rows that are all zero: stop with an error (default), or drop and count them")
-    p_rep.add_argument("--bins", type=int, default=4096)
-    p_rep.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
-    p_rep.add_argument("--precision", choices=PRECISIONS, default="highest",
+        p.add_argument("--bins", type=int, default=4096)
+        p.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
+        p.add_argument("--precision", choices=PRECISIONS, default="highest",
                        help="float32 products of the ε and PGA kernels (tf32: GPU tensor cores)")
-    p_rep.add_argument("--init", choices=INITS, default="trained",
+        p.add_argument("--init", choices=INITS, default="trained",
                        help="trained: the weights (default); random: the same architecture built from its config at "
                             "initialization, seeded with --seed (needs only config.json and a tokenizer)")
-    p_rep.add_argument("--control", choices=CONTROLS,
-                       help="random: analyse the weights and their random-init control side by side (OUT/trained, "
-                            "OUT/random_init, and a comparison in OUT/report.md)")
-    p_rep.add_argument("--last-layer", choices=LAST_LAYER_POINTS, default="final_norm",
+        p.add_argument("--last-layer", choices=LAST_LAYER_POINTS, default="final_norm",
                        help="the point of the residual stream the last layer is read at: final_norm (default; "
                             "transformers' last hidden state, after the final norm) or resid_post (the last block's "
                             "output before it, as TransformerLens's hook_resid_post)")
+
+    p_rep = sub.add_parser("report", help="the full analysis of one model: ε, capacity, Subspace-PGA profile, spectra")
+    p_rep.add_argument("source", nargs="?", default=None, help=source_help)
+    p_rep.add_argument("--out", default="repcap_report", help="output folder (default ./repcap_report)")
+    analysis_options(p_rep)
+    p_rep.add_argument("--control", choices=CONTROLS,
+                       help="random: analyse the weights and their random-init control side by side (OUT/trained, "
+                            "OUT/random_init, and a comparison in OUT/report.md)")
     p_rep.add_argument("--no-progress", dest="progress", action="store_false")
     p_rep.set_defaults(func=_cmd_report)
 
     p_sur = sub.add_parser("survey", help="several models side by side: d_model, ε, class, capacity")
     p_sur.add_argument("sources", nargs="+", help="two or more sources (as for report)")
     p_sur.add_argument("--out", default="repcap_survey", help="output folder (default ./repcap_survey)")
-    p_sur.add_argument("--n-rows", type=_n_rows, help="'tokenizer' drops padded rows in every model")
-    p_sur.add_argument("--zero-rows", choices=("error", "drop"), default="error")
-    p_sur.add_argument("--bins", type=int, default=4096)
-    p_sur.add_argument("--device", default="cpu")
-    p_sur.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
+    p_sur.add_argument("--pga", action="store_true",
+                       help="Subspace PGA across the models or checkpoints: each one's whole report (OUT/NN_name), z "
+                            "per (layer, model) as a table, a heatmap and trajectories over relative depth, the "
+                            "top-PC readout mass, and cross-model agreement of models that share a tokenizer "
+                            "(the report options below apply)")
+    p_sur.add_argument("--agreement-null", type=int, default=10,
+                       help="random subspaces per model in the cross-model agreement (default 10)")
+    analysis_options(p_sur)
     p_sur.add_argument("--no-progress", dest="progress", action="store_false")
     p_sur.set_defaults(func=_cmd_survey)
 

@@ -169,8 +169,9 @@ def cross_model_agreement(H_a, H_b, basis_a: torch.Tensor, basis_b: torch.Tensor
         return pearson(average_ranks(condensed_cosine_distances(pa, "H_a")),
                        average_ranks(condensed_cosine_distances(pb, "H_b")))
 
-    null_a = grassmann_bases(xa.shape[1], ba.shape[1], n_null, seed)
-    null_b = grassmann_bases(xb.shape[1], bb.shape[1], n_null, seed + 1)
+    null_a = grassmann_bases(xa.shape[1], ba.shape[1], n_null, seed, dtype=xa.dtype, device=xa.device)
+    null_b = grassmann_bases(xb.shape[1], bb.shape[1], n_null, seed + 1, dtype=xb.dtype, device=xb.device)
+    ba, bb = ba.to(xa.device, xa.dtype), bb.to(xb.device, xb.dtype)
     rand = np.array([rho(xa @ null_a[i], xb @ null_b[i]) for i in range(n_null)])
     return {
         "readout": rho(xa @ ba, xb @ bb),

@@ -117,6 +117,39 @@ def plot_pga_control(profiles: Dict[str, Dict], path: str, title: str) -> None:
         fig.suptitle(title)
 
 
+def plot_pga_survey(models: Sequence[Dict], heatmap_path: str, depth_path: str) -> None:
+    """z per (model, layer) across models or checkpoints (rows of a PGA survey: source, layers,
+    relative_depth, z {ccr: [per layer]}): a heatmap per CCR variant (models × layer index,
+    diverging around 0, blank past a model's last layer), and z against relative depth l/L, one
+    line per model, with the null band |z| ≤ 2."""
+    ccrs = list(models[0]["z"])
+    depth = max(len(m["layers"]) for m in models)
+    with _figure(heatmap_path, len(ccrs), 1, figsize=(max(6.0, 0.35 * depth + 3), 0.5 * len(models) * len(ccrs) + 1.5),
+                 squeeze=False) as (fig, axes):
+        for ax, ccr in zip(axes[:, 0], ccrs):
+            grid = np.full((len(models), depth), np.nan)
+            for i, m in enumerate(models):
+                grid[i, : len(m["layers"])] = [_nan(z) for z in m["z"][ccr]]
+            lim = max(2.0, float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 2.0)
+            im = ax.imshow(grid, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+            ax.set_yticks(range(len(models)))
+            ax.set_yticklabels([m["source"][-40:] for m in models], fontsize=7)
+            ax.set_xlabel("layer")
+            ax.set_title(f"z, CCR-{ccr}", fontsize=10)
+            fig.colorbar(im, ax=ax, fraction=0.03)
+    with _figure(depth_path, 1, len(ccrs), figsize=(5 * len(ccrs), 4.2), squeeze=False) as (fig, axes):
+        for ax, ccr in zip(axes[0], ccrs):
+            for i, m in enumerate(models):
+                ax.plot(m["relative_depth"], [_nan(z) for z in m["z"][ccr]], "o-", ms=2.5, color=_color(i),
+                        label=m["source"][-40:])
+            ax.axhspan(-2, 2, color="grey", alpha=0.2)
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set_xlabel("relative depth l / L")
+            ax.set_ylabel("z")
+            ax.set_title(f"CCR-{ccr}", fontsize=10)
+            ax.legend(fontsize=7)
+
+
 def plot_spectral(rows: List[Dict], path: str, title: str) -> None:
     """RankMe, α-ReQ, isotropy and condition number per layer, and the mass of the top principal
     directions in the readout subspace (rows of `report.spectral_profile`)."""

@@ -51,7 +51,7 @@ from .models import (
 )
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
-from .pga import pga_profile
+from .pga import cross_model_agreement, pga_profile
 from .spectral import spectral_metrics
 
 REPORT_SECTIONS = ("provenance", "model", "epsilon", "hidden_states", "pga", "spectral")
@@ -275,7 +275,7 @@ _SETTING_NAMES = {f.name for f in dataclasses.fields(ReportSettings)}
 def run_report(source=None, out: str = "repcap_report", settings: Optional[ReportSettings] = None, *,
                texts: Optional[Sequence[str]] = None, text_name: Optional[str] = None, token_ids=None,
                tokenizer=None, control: Optional[str] = None, progress: bool = True, log=print,
-               command: Optional[List[str]] = None, **legacy) -> Dict:
+               command: Optional[List[str]] = None, _keep: Optional[Dict] = None, **legacy) -> Dict:
     """Runs the whole analysis of one model and writes OUT/report.json, OUT/report.md and the PNGs.
     Returns the report dict. See the module docstring for what it contains.
 
@@ -289,7 +289,8 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
     needed). tokenizer: a model in memory's tokenizer, when it does not carry one.
     control="random": `run_control_report`, both the weights and the same architecture at
     initialization, side by side. Passing the settings as keywords (n_tokens=..., k=...) is
-    deprecated.
+    deprecated. (_keep: a dict that receives the hidden states and the readout basis, for
+    `run_pga_survey`.)
 
     Arguments are checked against the model's config before any heavy work; the hidden states
     (where a text that is too short shows) run before the V² pass of ε. If a stage fails, report.json
@@ -410,6 +411,8 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
             t0 = _stage(f"Subspace PGA: {len(states)} layers × CCR {list(s.ccrs)}, k={s.k}, {s.n_null} null "
                         f"subspaces", log)
             basis = readout_basis(emb.output, s.k).basis  # once, for the profile and the spectra
+            if _keep is not None:
+                _keep.update(states=states, basis=basis)
             results = pga_profile([states[layer] for layer in states.layers], basis=basis, n_null=s.n_null,
                                   ccrs=s.ccrs, seed=s.seed, backend=s.backend, precision=s.precision,
                                   progress=progress)
@@ -553,6 +556,18 @@ def _fmt(x, spec=".4f"):
     return "n/a" if x is None else format(x, spec)
 
 
+def _layer_points(last: Optional[Dict]) -> str:
+    """Which point of the residual stream each layer is, in words."""
+    text = "Layer 0 is the embedding output and layer l the output of block l."
+    if not last:
+        return text
+    differs = last.get("differs_from_other_point")
+    other = "resid_post" if last["point"] == "final_norm" else "final_norm"
+    return (f"{text} The last layer is read at `{last['point']}`: {last['meaning']}"
+            + ("" if differs is None else f"; for this model the other point (`{other}`, --last-layer {other}) is "
+               + ("a different one" if differs else "the same one (no final norm)")) + ".")
+
+
 def report_markdown(report: Dict) -> str:
     """A readable summary of a report dict."""
     m, e = report["model"], report["epsilon"]
@@ -608,6 +623,7 @@ def report_markdown(report: Dict) -> str:
         lines += ["## Subspace PGA", "",
                   f"{hs['n_tokens']} tokens of {hs['text']['name']} (seed {hs['seed']}, {hs['windows_run']} windows of "
                   f"{hs['seq_len']}), readout: {p['readout']}, k = {p['k']}, {p['n_null']} null subspaces.", "",
+                  _layer_points(p.get("last_layer")), "",
                   "| layer | " + " | ".join(f"z CCR-{c}" for c in p["profile"]) + " |",
                   "|---|" + "---|" * len(p["profile"])]
         for i, layer in enumerate(r["layer"] for r in next(iter(p["profile"].values()))):
@@ -686,6 +702,159 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
     plotting.plot_survey(doc["models"], os.path.join(out, "epsilon_vs_d.png"))
     log(f"== wrote {out}/survey.json, survey.md and epsilon_vs_d.png")
     return doc
+
+
+AGREEMENT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def _slug(text: str) -> str:
+    keep = "".join(c if c.isalnum() or c in "-_." else "_" for c in text.strip("/").split("/")[-1])
+    return keep[:60] or "model"
+
+
+def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Optional[ReportSettings] = None, *,
+                   texts: Optional[Sequence[str]] = None, text_name: Optional[str] = None, token_ids=None,
+                   agreement_null: int = 10, progress: bool = True, log=print,
+                   command: Optional[List[str]] = None) -> Dict:
+    """Subspace PGA across models or training checkpoints (`repcap survey --pga`): the whole report
+    of each source (in OUT/NN_name/), then z per (layer, model) for every CCR variant with the
+    top-PC readout mass, as a table (survey.md), a heatmap (pga_heatmap.png: models × layers) and
+    trajectories against relative depth (pga_depth.png); and, for every two models that ran on the
+    same tokens (a shared tokenizer, text and seed), their cross-model agreement
+    (`pga.cross_model_agreement`: Spearman of their pair distances in their readout subspaces, in
+    the full spaces and in random subspaces, `agreement_null` draws) at the relative depths
+    AGREEMENT_DEPTHS, matching layer round(depth·L) of each. Every source runs with the same
+    settings. Returns the survey dict (also OUT/survey.json)."""
+    if not sources:
+        raise ValueError("survey needs at least one SOURCE")
+    settings = settings or ReportSettings()
+    agreement_null = val.check_n_null(agreement_null)
+    sources = [in_memory_source(source) if is_in_memory(source) else source for source in sources]
+    for source in sources:  # every source checked before the first model loads
+        if not is_in_memory(source):
+            resolve_source(source)
+    out = val.check_output_folder(out, "out")
+    t_all = time.perf_counter()
+    runs = []
+    for i, source in enumerate(sources):
+        label = _source_label(source) or "default"
+        folder = f"{i:02d}_{_slug(label)}"
+        log(f"=== {i + 1}/{len(sources)}: {label}")
+        keep: Dict = {}
+        rep = run_report(source, os.path.join(out, folder), settings, texts=texts, text_name=text_name,
+                         token_ids=token_ids, progress=progress, log=log, command=command, _keep=keep)
+        runs.append((label, folder, rep, keep))
+    models = [_survey_row(label, folder, rep) for label, folder, rep, _ in runs]
+    agreement = []
+    with_states = [(i, label, rep, keep) for i, (label, _, rep, keep) in enumerate(runs) if "states" in keep]
+    pairs = [(a, b) for i, a in enumerate(with_states) for b in with_states[i + 1:]]
+    ccr = settings.ccrs[0]
+    for (ia, la, ra, ka), (ib, lb, rb, kb) in pairs:
+        names = {"a": la, "b": lb, "a_index": ia, "b_index": ib}
+        if ra["hidden_states"]["token_ids"] != rb["hidden_states"]["token_ids"]:
+            agreement.append({**names, "skipped": "the two models ran on different tokens (another tokenizer, text "
+                              "or seed): their pair distances cannot be compared"})
+            continue
+        na, nb = ka["states"].layers[-1], kb["states"].layers[-1]
+        rows = []
+        for depth in AGREEMENT_DEPTHS:
+            layer_a, layer_b = _nearest(ka["states"].layers, depth * na), _nearest(kb["states"].layers, depth * nb)
+            if rows and rows[-1]["layer_a"] == layer_a and rows[-1]["layer_b"] == layer_b:
+                continue
+            log(f"   agreement {la} layer {layer_a} vs {lb} layer {layer_b}")
+            res = cross_model_agreement(ka["states"][layer_a], kb["states"][layer_b], ka["basis"], kb["basis"],
+                                        n_null=agreement_null, ccr=ccr, seed=settings.seed)
+            rows.append({"depth": depth, "layer_a": layer_a, "layer_b": layer_b,
+                         **{k: res[k] for k in ("readout", "full", "random_mean", "random_std", "ccr")}})
+        agreement.append({**names, "n_tokens": len(ra["hidden_states"]["token_ids"]), "layers": rows})
+    doc = _clean({"provenance": _provenance(command, {"sources": [m["source"] for m in models],
+                                                       **settings.to_dict(), "agreement_null": agreement_null}),
+                  "models": models, "agreement": agreement, "agreement_depths": list(AGREEMENT_DEPTHS),
+                  "seconds": time.perf_counter() - t_all})
+    with open(os.path.join(out, "survey.json"), "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1, allow_nan=False)
+    with_pga = [m for m in doc["models"] if m["z"]]
+    if with_pga:
+        plotting.plot_pga_survey(with_pga, os.path.join(out, "pga_heatmap.png"), os.path.join(out, "pga_depth.png"))
+    with open(os.path.join(out, "survey.md"), "w", encoding="utf-8") as fh:
+        fh.write(pga_survey_markdown(doc))
+    log(f"== wrote {out}/survey.json, survey.md" + (", pga_heatmap.png and pga_depth.png" if with_pga else "")
+        + f" (each model's report in {out}/NN_name/)")
+    return doc
+
+
+def _nearest(layers: Sequence[int], target: float) -> int:
+    return min(layers, key=lambda layer: (abs(layer - target), layer))
+
+
+def _survey_row(label: str, folder: str, rep: Dict) -> Dict:
+    e = rep["epsilon"]["input"]
+    row = {"source": label, "report": f"{folder}/report.json", "d_model": e["shape"][1], "vocab_rows": e["shape"][0],
+           "epsilon": e["epsilon"], "epsilon_exact": e["exact"]["epsilon"], "class": e["class"], "z": {},
+           "layers": [], "top_pc_readout_mass": [], "relative_depth": []}
+    if "profile" in rep.get("pga", {}):
+        prof = rep["pga"]["profile"]
+        row["layers"] = [r["layer"] for r in next(iter(prof.values()))]
+        last = max(row["layers"][-1], 1)
+        row["relative_depth"] = [layer / last for layer in row["layers"]]
+        row["z"] = {ccr: [r["z"] for r in rows] for ccr, rows in prof.items()}
+        row["top_pc_readout_mass"] = [r["readout_alignment_top"][0] for r in rep["spectral"]["layers"]]
+        row["last_layer"] = rep["pga"]["last_layer"]["point"]
+        if rep.get("probe") and "layers" in rep["probe"]:
+            row["probe_accuracy"] = [r["accuracy"] for r in rep["probe"]["layers"]]
+    else:
+        row["skipped"] = rep.get("pga", {}).get("skipped")
+    return row
+
+
+def pga_survey_markdown(doc: Dict) -> str:
+    """A readable summary of a PGA survey (`run_pga_survey`)."""
+    s = doc["provenance"]["settings"]
+    lines = ["# repcap survey: Subspace PGA across models", "",
+             f"k = {s['k']}, {s['n_null']} null subspaces, {s['n_tokens']} tokens, seed {s['seed']}, CCR "
+             f"{', '.join(map(str, s['ccrs']))}; the last layer at `{s['last_layer']}`. Each model's full report is "
+             f"linked below.", "",
+             "| model | d_model | V | ε | layers | report |", "|---|---|---|---|---|---|"]
+    for m in doc["models"]:
+        lines.append(f"| {m['source']} | {m['d_model']} | {m['vocab_rows']} | {_fmt(m['epsilon'])} | "
+                     f"{len(m['layers']) or 'n/a'} | [{m['report']}]({m['report']}) |")
+    for ccr in s["ccrs"]:
+        with_z = [m for m in doc["models"] if str(ccr) in m["z"]]
+        if not with_z:
+            continue
+        depth = max(len(m["layers"]) for m in with_z)
+        lines += ["", f"## z per layer, CCR-{ccr}", "", "| layer | " + " | ".join(m["source"] for m in with_z) + " |",
+                  "|---|" + "---|" * len(with_z)]
+        for i in range(depth):
+            lines.append(f"| {i} | " + " | ".join(_fmt(m["z"][str(ccr)][i], ".2f") if i < len(m["layers"]) else ""
+                                                  for m in with_z) + " |")
+    with_mass = [m for m in doc["models"] if m["top_pc_readout_mass"]]
+    if with_mass:
+        depth = max(len(m["layers"]) for m in with_mass)
+        lines += ["", "## Top principal direction's mass in the readout subspace", "",
+                  "| layer | " + " | ".join(m["source"] for m in with_mass) + " |", "|---|" + "---|" * len(with_mass)]
+        for i in range(depth):
+            lines.append(f"| {i} | " + " | ".join(_fmt(m["top_pc_readout_mass"][i], ".3f") if i < len(m["layers"])
+                                                  else "" for m in with_mass) + " |")
+    for m in doc["models"]:
+        if m.get("skipped"):
+            lines.append(f"\n{m['source']}: no Subspace PGA ({m['skipped']}).")
+    if doc["agreement"]:
+        lines += ["", "## Cross-model agreement", "",
+                  "Spearman of the two models' pair distances on the same tokens: in their readout subspaces, in the "
+                  "full spaces, and in random subspaces of the same dimension (mean ± std).", "",
+                  "| models | depth | layers | readout | full | random |", "|---|---|---|---|---|---|"]
+        for a in doc["agreement"]:
+            if "skipped" in a:
+                lines.append(f"| {a['a']} vs {a['b']} | | | {a['skipped']} | | |")
+                continue
+            for r in a["layers"]:
+                lines.append(f"| {a['a']} vs {a['b']} | {r['depth']:.2f} | {r['layer_a']} / {r['layer_b']} | "
+                             f"{_fmt(r['readout'])} | {_fmt(r['full'])} | {_fmt(r['random_mean'])} ± "
+                             f"{_fmt(r['random_std'])} |")
+    if any(m["z"] for m in doc["models"]):
+        lines += ["", "![z heatmap](pga_heatmap.png)", "", "![z against relative depth](pga_depth.png)"]
+    return "\n".join(lines + [""])
 
 
 __getattr__ = moved_names(__name__, {name: ("repcap_fast.plotting", name) for name in

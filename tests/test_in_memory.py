@@ -395,3 +395,58 @@ def test_the_scale_bench_runs_at_smoke_sizes(tmp_path):
     emb = report_at_scale.llama3_embeddings("cpu", True, progress=False)
     for row in emb["results"]:
         assert abs(row["stream_minus_exact"]) < 1e-6
+
+
+# --- Subspace PGA across models ----------------------------------------------------------------------
+
+def test_pga_survey_across_models_with_agreement(tokenizer, tmp_path):
+    from repcap_fast.report import run_pga_survey
+
+    a, b = _tiny("llama", seed=1), _tiny("llama", seed=2)
+    deep = _tiny("gpt2", seed=3)
+    s = ReportSettings(n_tokens=N_TOKENS, k=6, n_null=6, n_rows=1200, ccrs=(1, 5), seed=4)
+    sources = [models.in_memory_source(m, tokenizer) for m in (a, b, a, deep)]
+    doc = run_pga_survey(sources, str(tmp_path), s, agreement_null=4, progress=False, log=lambda *x: None)
+    assert [m["report"] for m in doc["models"]] == [f"{i:02d}_{m.label}/report.json" for i, m in
+                                                    enumerate(sources)]
+    for m in doc["models"]:  # each row is that model's own report
+        rep = json.loads((tmp_path / m["report"]).read_text())
+        assert m["z"] == {ccr: [r["z"] for r in rows] for ccr, rows in rep["pga"]["profile"].items()}
+        assert m["top_pc_readout_mass"] == [r["readout_alignment_top"][0] for r in rep["spectral"]["layers"]]
+        assert m["relative_depth"] == [0.0, 0.5, 1.0]
+    assert len(doc["agreement"]) == 6  # every pair of the four (they share the tokenizer)
+    assert [(x["a_index"], x["b_index"]) for x in doc["agreement"]] == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    same = doc["agreement"][1]  # model a against itself
+    for row in same["layers"]:
+        assert row["readout"] == pytest.approx(1.0, abs=1e-12) and row["full"] == pytest.approx(1.0, abs=1e-12)
+        assert row["random_mean"] < 1.0  # different random subspaces for the two sides
+    other = doc["agreement"][0]  # a against b: two random models agree less than a model with itself
+    assert all(r["full"] < 0.999 for r in other["layers"]) and [r["depth"] for r in other["layers"]] == \
+        [0.0, 0.5, 1.0]  # 2 blocks: the depths 0.25 and 0.75 round to layers already listed
+    for f in ("survey.json", "survey.md", "pga_heatmap.png", "pga_depth.png"):
+        assert (tmp_path / f).exists(), f
+    md = (tmp_path / "survey.md").read_text()
+    assert "Cross-model agreement" in md and "z per layer, CCR-5" in md
+
+
+def test_pga_survey_from_the_cli(tokenizer, tmp_path):
+    from repcap_fast.cli import main
+
+    one = _saved(_tiny("llama", seed=1), tokenizer, tmp_path / "one")
+    two = _saved(_tiny("llama", seed=2), tokenizer, tmp_path / "two")
+    rc = main(["survey", "--pga", one, two, "--out", str(tmp_path / "s"), "--n-tokens", "64", "--k", "4",
+               "--n-null", "4", "--ccr", "1", "--n-rows", "900", "--agreement-null", "3", "--seed", "1",
+               "--text", _text_file(tmp_path, "other.txt", 1), "--no-progress"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "s" / "survey.json").read_text())
+    assert len(doc["models"]) == 2 and all(len(m["z"]["1"]) == 3 for m in doc["models"])
+    assert "layers" in doc["agreement"][0]  # same tokenizer, same text, same seed: the same tokens
+
+
+def _text_file(tmp_path, name, seed):
+    from repcap_fast.models import default_corpus
+
+    paragraphs = default_corpus()[1]
+    path = tmp_path / name
+    path.write_text("\n\n".join(paragraphs[seed * 40: seed * 40 + 300]))
+    return str(path)
