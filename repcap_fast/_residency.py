@@ -42,6 +42,9 @@ HOST_COPIES = {
         "(N integers); the batches go back to the model's device",
     ("models/hidden_states.py", "HiddenStates.to_dict"):
         "provenance: the sampled token ids, windows and offsets (N integers each) written into report.json",
+    ("probes.py", "probe_accuracy"):
+        "scikit-learn fits the probes on the host: the pooled representations of the labelled texts (one d-vector "
+        "per text and layer)",
     ("plotting.py", "plot_cosine_histograms"):
         "the plot: the result's histogram (already on the host) read as numpy",
 }

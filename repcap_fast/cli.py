@@ -258,7 +258,8 @@ def _report_settings(args) -> ReportSettings:
                           ccrs=tuple(args.ccr), seed=args.seed, device=args.device, dtype=DTYPE_NAMES[args.dtype],
                           backend=args.backend, precision=args.precision, bins=args.bins, n_rows=args.n_rows,
                           zero_rows=args.zero_rows, batch_size=args.batch_size, text_file=args.text or args.jsonl,
-                          jsonl_key=args.jsonl_key, init=args.init, last_layer=args.last_layer)
+                          jsonl_key=args.jsonl_key, init=args.init, last_layer=args.last_layer,
+                          probe_file=args.probe, probe_folds=args.probe_folds)
 
 
 def _cmd_survey(args) -> int:
@@ -366,6 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the point of the residual stream the last layer is read at: final_norm (default; "
                             "transformers' last hidden state, after the final norm) or resid_post (the last block's "
                             "output before it, as TransformerLens's hook_resid_post)")
+        p.add_argument("--probe", metavar="FILE.jsonl",
+                       help="labelled texts (JSON lines with text and label keys): a logistic-regression probe per "
+                            "layer, k-fold cross-validated and seeded, reported next to z (needs scikit-learn: "
+                            "pip install 'repcap_fast[probe]')")
+        p.add_argument("--probe-folds", type=int, default=5, help="cross-validation folds of the probes (default 5)")
 
     p_rep = sub.add_parser("report", help="the full analysis of one model: ε, capacity, Subspace-PGA profile, spectra")
     p_rep.add_argument("source", nargs="?", default=None, help=source_help)

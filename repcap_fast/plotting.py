@@ -150,6 +150,30 @@ def plot_pga_survey(models: Sequence[Dict], heatmap_path: str, depth_path: str) 
             ax.legend(fontsize=7)
 
 
+def plot_probe(probe: Dict, profile: Dict, path: str, title: str) -> None:
+    """Linear-probe accuracy per layer (mean ± std over folds, with the chance level) next to z of
+    each CCR variant on a second axis (`report["probe"]`, `report["pga"]["profile"]`)."""
+    rows = probe["layers"]
+    layers = [r["layer"] for r in rows]
+    with _figure(path, 1, 1, figsize=(7.5, 4.2)) as (fig, ax):
+        acc = np.array([_nan(r["accuracy"]) for r in rows])
+        std = np.array([_nan(r["std"]) for r in rows])
+        ax.plot(layers, acc, "o-", ms=3, color="black", label="probe accuracy")
+        ax.fill_between(layers, acc - std, acc + std, color="black", alpha=0.12)
+        ax.axhline(rows[0]["chance"], color="black", ls=":", lw=1, label="chance")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("probe accuracy (k-fold)")
+        twin = ax.twinx()
+        for i, (ccr, prof) in enumerate(profile.items()):
+            twin.plot([r["layer"] for r in prof], [_nan(r["z"]) for r in prof], "s--", ms=2.5, color=_color(i),
+                      label=f"z CCR-{ccr}")
+        twin.set_ylabel("Subspace-PGA z")
+        lines = ax.get_legend_handles_labels()
+        more = twin.get_legend_handles_labels()
+        ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8)
+        fig.suptitle(title)
+
+
 def plot_spectral(rows: List[Dict], path: str, title: str) -> None:
     """RankMe, α-ReQ, isotropy and condition number per layer, and the mass of the top principal
     directions in the readout subspace (rows of `report.spectral_profile`)."""

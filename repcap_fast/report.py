@@ -52,6 +52,7 @@ from .models import (
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
 from .pga import cross_model_agreement, pga_profile
+from .probes import probe_profile
 from .spectral import spectral_metrics
 
 REPORT_SECTIONS = ("provenance", "model", "epsilon", "hidden_states", "pga", "spectral")
@@ -206,7 +207,9 @@ class ReportSettings:
     "tf32" on GPU tensor cores). init: "trained", or "random" (the same architecture from its
     config at initialization, seeded with `seed`: `models.random_init`); last_layer: the point of
     the residual stream the last layer is read at ("final_norm" or "resid_post", see
-    `models.in_memory.Runner`).
+    `models.in_memory.Runner`). probe_file: a .jsonl of labelled texts ("text", "label") for
+    linear probes per layer next to z (`probes.probe_profile`, probe_folds-fold cross-validated,
+    seeded with `seed`; needs scikit-learn).
     text_file: a plain-text (paragraphs) or .jsonl file to sample tokens from (jsonl_key its field);
     None: the bundled corpus, or the texts given to run_report."""
 
@@ -229,6 +232,8 @@ class ReportSettings:
     jsonl_key: str = "text"
     init: str = "trained"
     last_layer: str = "final_norm"
+    probe_file: Optional[str] = None
+    probe_folds: int = 5
 
     def __post_init__(self):
         # Checked before any work; the model-dependent checks (k < d, layers) follow the load.
@@ -261,6 +266,12 @@ class ReportSettings:
             object.__setattr__(self, "layers", tuple(int(x) if isinstance(x, np.integer) else x for x in self.layers))
         if self.text_file is not None and not os.path.isfile(self.text_file):
             raise FileNotFoundError(f"text_file {self.text_file!r} does not exist")
+        object.__setattr__(self, "probe_folds", val.check_int(self.probe_folds, "probe_folds", 2))
+        if self.probe_file is not None:
+            if not os.path.isfile(self.probe_file):
+                raise FileNotFoundError(f"probe_file {self.probe_file!r} does not exist")
+            if not str(self.probe_file).endswith(".jsonl"):
+                raise ValueError(f"probe_file {self.probe_file!r}: expected a .jsonl file with text and label keys")
 
     def to_dict(self) -> Dict:
         out = dataclasses.asdict(self)
@@ -378,7 +389,7 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
             seconds["hidden_states"] = time.perf_counter() - t0
             if keep_layers is not None and states.layers != keep_layers:
                 raise RuntimeError(f"the model ran layers {states.layers}, its config says {keep_layers}")
-            if model is not None and model.init == "random":
+            if model is not None and model.init == "random" and s.probe_file is None:
                 source = model = None  # the rest needs only the states and the embeddings: the built model can go
 
         t0 = _stage("ε of the embedding matrix (streamed over all pairs, and exact)", log)
@@ -437,6 +448,17 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
             plots["spectral"] = "spectral.png"
             plotting.plot_spectral(spectral, os.path.join(out, plots["spectral"]), f"{emb.source}: spectra per layer")
             seconds["spectral"] = time.perf_counter() - t0
+
+            if s.probe_file is not None:
+                t0 = _stage(f"linear probes per layer on {os.path.basename(s.probe_file)}", log)
+                report["probe"] = probe_profile(source, s.probe_file, layers=states.layers, folds=s.probe_folds,
+                                                seed=s.seed, batch_size=s.batch_size, last_layer=s.last_layer,
+                                                progress=progress, dtype=None if model is not None else s.dtype,
+                                                device=None if model is not None else s.device)
+                plots["probe"] = "probe.png"
+                plotting.plot_probe(report["probe"], profile, os.path.join(out, plots["probe"]),
+                                    f"{emb.source}: linear probes and Subspace PGA")
+                seconds["probe"] = time.perf_counter() - t0
     except BaseException as exc:
         finish(exc)
         log(f"== failed: {type(exc).__name__}: {exc} (what finished is in {out}/report.json)")
@@ -626,10 +648,22 @@ def report_markdown(report: Dict) -> str:
                   _layer_points(p.get("last_layer")), "",
                   "| layer | " + " | ".join(f"z CCR-{c}" for c in p["profile"]) + " |",
                   "|---|" + "---|" * len(p["profile"])]
+        probe = {r["layer"]: r for r in report["probe"]["layers"]} if report.get("probe") else None
+        if probe is not None:
+            lines[-2] += " probe accuracy |"
+            lines[-1] += "---|"
         for i, layer in enumerate(r["layer"] for r in next(iter(p["profile"].values()))):
             zs = " | ".join(_fmt(rows[i]["z"], ".2f") + (" ⚠" if rows[i].get("warnings") else "")
                             for rows in p["profile"].values())
-            lines.append(f"| {layer} | {zs} |")
+            acc = "" if probe is None else (f" {_fmt(probe[layer]['accuracy'], '.3f')} ± "
+                                            f"{_fmt(probe[layer]['std'], '.3f')} |" if layer in probe else " |")
+            lines.append(f"| {layer} | {zs} |{acc}")
+        if probe is not None:
+            pr = report["probe"]
+            lines += ["", f"Probe accuracy: {pr['n_texts']} labelled texts of {os.path.basename(pr['file'])} "
+                          f"({', '.join(f'{k}: {v}' for k, v in pr['labels'].items())}; chance "
+                          f"{pr['layers'][0]['chance']:.3f}), {pr['pooling']}-pooled per layer, {pr['classifier']}, "
+                          f"{pr['folds']} folds (mean ± std). ![probe](probe.png)"]
         flagged = [(ccr, row) for ccr, rows in p["profile"].items() for row in rows if row.get("warnings")]
         if flagged:
             lines += ["", "**Degenerate inputs (⚠):**", ""]
