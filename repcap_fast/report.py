@@ -756,9 +756,11 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
     trajectories against relative depth (pga_depth.png); and, for every two models that ran on the
     same tokens (a shared tokenizer, text and seed), their cross-model agreement
     (`pga.cross_model_agreement`: Spearman of their pair distances in their readout subspaces, in
-    the full spaces and in random subspaces, `agreement_null` draws) at the relative depths
-    AGREEMENT_DEPTHS, matching layer round(depth·L) of each. Every source runs with the same
-    settings. Returns the survey dict (also OUT/survey.json)."""
+    the full spaces and in random subspaces, `agreement_null` draws, after CCR with the first of
+    settings.ccrs) at the relative depths AGREEMENT_DEPTHS, matching each model's layer nearest to
+    depth·L. Every source runs with the same settings. The hidden states of every model are kept
+    until the agreement is computed (N × d × (L+1) float32 numbers per model). Returns the survey
+    dict (also OUT/survey.json)."""
     if not sources:
         raise ValueError("survey needs at least one SOURCE")
     settings = settings or ReportSettings()

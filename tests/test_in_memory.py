@@ -147,6 +147,8 @@ def test_model_without_tokenizer_runs_token_ids_and_refuses_text(tmp_path):
     assert hs.meta["tokenizer"] is None
     with pytest.raises(ValueError, match="tokenizer="):
         hidden_states(model, n_tokens=32, progress=False)
+    with pytest.raises(ValueError, match=rf"token_ids must be in \[0, {V}\).*from 0 to {V}"):
+        hidden_states(model, token_ids=[[0, 1, V]], n_tokens=3, progress=False)
 
 
 def test_a_model_in_memory_is_not_moved_or_cast(tokenizer):

@@ -296,6 +296,8 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
             raise ValueError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
         src, _ = open_model(source, tokenizer=tokenizer, init=init, seed=seed)
         return _in_memory_embeddings(src, which, dtype, device, n_rows, tensor)
+    if tokenizer is not None:
+        raise ValueError("tokenizer= is for a model in memory; a model read from disk uses its own tokenizer")
     if device is None:
         device = "cpu"
     if which not in ("input", "output", "both"):

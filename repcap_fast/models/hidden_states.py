@@ -1,5 +1,6 @@
-"""hidden_states: token representations of a Hugging Face model at every requested layer, offline,
-from a seeded token sample of a text (by default the bundled public-domain corpus)."""
+"""hidden_states: token representations of a model (read from disk, or in memory) at every
+requested layer, offline, from a seeded token sample of a text (by default the bundled
+public-domain corpus) or of given token ids."""
 
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ def read_texts(path: str, jsonl_key: str = "text") -> List[str]:
 
 
 class HiddenStates(Mapping):
-    """layer → N×d token representations (float32, CPU), for the same N sampled tokens at every
-    layer. Layer 0 is the embedding output, layer L the last block's output.
+    """layer → N×d token representations (float32, on `states_device`), for the same N sampled
+    tokens at every layer. Layer 0 is the embedding output, layer l the output of block l, and the
+    last layer is read at the point `meta["last_layer"]` names.
 
     Attributes: token_ids (N), windows and offsets (where each token sat), seed, n_tokens,
     seq_len, tokens_per_window, text (name, sha256, paragraphs, tokens available), model (a
@@ -304,6 +306,13 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
                          f"({'; '.join(src.notes) or 'none was given'}): pass tokenizer=, or token_ids=")
     n_layers = runner.n_layers
     keep_layers = check_layers(layers, n_layers)
+    vocab = runner.vocab_size
+    if tok is not None and vocab and len(tok) < vocab // 2:
+        raise ValueError(f"the tokenizer has {len(tok)} tokens but {src.label}'s vocabulary has {vocab}: it is not "
+                         f"this model's tokenizer")
+    if ids is not None and vocab and (int(ids.max()) >= vocab or int(ids.min()) < 0):
+        raise ValueError(f"token_ids must be in [0, {vocab}) for {src.label}, got ids from {int(ids.min())} to "
+                         f"{int(ids.max())}")
 
     max_len = runner.max_positions
     if batch_ids and max_len and ids.shape[1] > max_len:

@@ -341,12 +341,14 @@ class Runner:
         if src.framework == "transformer_lens":
             cfg = src.model.cfg
             self.n_layers, self.max_positions = int(cfg.n_layers), int(cfg.n_ctx)
+            self.vocab_size: Optional[int] = int(cfg.d_vocab)
             self._final_norm = getattr(src.model, "ln_final", None)
         else:
             self.base = getattr(src.model, "base_model", src.model)
             cfg = _text_config(src.model.config)
             self.n_layers = int(cfg.num_hidden_layers)
             self.max_positions = getattr(cfg, "max_position_embeddings", None)
+            self.vocab_size = getattr(cfg, "vocab_size", None)
             self._candidates = self._block_lists()
             self._blocks: Optional[torch.nn.ModuleList] = None  # chosen on the first batch
 
