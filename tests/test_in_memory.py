@@ -62,6 +62,28 @@ def _tiny(family: str, seed: int = 1):
                                      num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32),
                         tf.OPTForCausalLM),
         "bert": lambda: (tf.BertConfig(**small), tf.BertModel),
+        "roberta": lambda: (tf.RobertaConfig(**{**small, "max_position_embeddings": 258}), tf.RobertaModel),
+        "mixtral": lambda: (tf.MixtralConfig(**small, num_key_value_heads=2, num_local_experts=2,
+                                             num_experts_per_tok=1), tf.MixtralForCausalLM),
+        "qwen3": lambda: (tf.Qwen3Config(**small, num_key_value_heads=2, head_dim=8), tf.Qwen3ForCausalLM),
+        "qwen2_moe": lambda: (tf.Qwen2MoeConfig(**small, num_key_value_heads=2, num_experts=2, num_experts_per_tok=1,
+                                                moe_intermediate_size=32, shared_expert_intermediate_size=32),
+                              tf.Qwen2MoeForCausalLM),
+        "qwen3_moe": lambda: (tf.Qwen3MoeConfig(**small, num_key_value_heads=2, head_dim=8, num_experts=2,
+                                                num_experts_per_tok=1, moe_intermediate_size=32),
+                              tf.Qwen3MoeForCausalLM),
+        "gemma2": lambda: (tf.Gemma2Config(**small, num_key_value_heads=1, head_dim=8), tf.Gemma2ForCausalLM),
+        "gemma3_text": lambda: (tf.Gemma3TextConfig(**small, num_key_value_heads=1, head_dim=8, sliding_window=64),
+                                tf.Gemma3ForCausalLM),
+        "phi3": lambda: (tf.Phi3Config(**small, num_key_value_heads=2, pad_token_id=0, bos_token_id=0,
+                                       eos_token_id=0), tf.Phi3ForCausalLM),
+        "phi": lambda: (tf.PhiConfig(**small), tf.PhiForCausalLM),
+        "olmo": lambda: (tf.OlmoConfig(**small, pad_token_id=0, bos_token_id=0, eos_token_id=0), tf.OlmoForCausalLM),
+        "olmo2": lambda: (tf.Olmo2Config(**small, pad_token_id=0), tf.Olmo2ForCausalLM),
+        "granite": lambda: (tf.GraniteConfig(**small, num_key_value_heads=2), tf.GraniteForCausalLM),
+        "stablelm": lambda: (tf.StableLmConfig(**small, num_key_value_heads=2), tf.StableLmForCausalLM),
+        "falcon": lambda: (tf.FalconConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4),
+                           tf.FalconForCausalLM),
     }
     cfg, cls = configs[family]()
     torch.manual_seed(seed)
@@ -70,7 +92,10 @@ def _tiny(family: str, seed: int = 1):
         return cls(cfg).eval()
 
 
-FAMILIES = ("llama", "qwen2", "mistral", "gemma", "gpt2", "gpt_neox", "opt", "bert")
+# every architecture of models.ARCHITECTURES but the multimodal Gemma 3 (tests/test_models.py has it)
+FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+            "gemma3_text", "phi3", "phi", "olmo", "olmo2", "granite", "stablelm", "gpt2", "gpt_neox", "bert",
+            "roberta", "opt", "falcon")
 
 
 def _saved(model, tokenizer, path):
