@@ -276,6 +276,24 @@ def test_hooked_transformer_report(tokenizer, tmp_path):
     assert r["epsilon"]["output"] is not None and r["pga"]["last_layer"]["point"] == "final_norm"
 
 
+@needs_lens
+def test_transformer_bridge_is_the_transformers_model_it_wraps(tokenizer, tmp_path):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    model = _tiny("llama")
+    path = _saved(model, tokenizer, tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge = TransformerBridge.boot_transformers(path, hf_model=model, tokenizer=tokenizer, device="cpu")
+    src = models.in_memory_source(bridge)
+    assert src.framework == "transformer_lens_bridge" and src.model is model and src.tokenizer is tokenizer
+    a = hidden_states(bridge, n_tokens=N_TOKENS, progress=False)
+    b = hidden_states(model, tokenizer=tokenizer, n_tokens=N_TOKENS, progress=False)
+    assert all(torch.equal(a[layer], b[layer]) for layer in a.layers)
+    e = load_embeddings(bridge, which="both")
+    assert e.kind == "transformer_lens_bridge" and torch.equal(e.output, model.lm_head.weight)
+
+
 # --- nnsight -----------------------------------------------------------------------------------------
 
 @needs_nnsight

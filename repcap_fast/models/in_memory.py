@@ -5,6 +5,8 @@ A SOURCE may be an object instead of a path:
   `model.name_or_path` in a local directory or the local Hugging Face cache);
 - a TransformerLens `HookedTransformer` (`W_E`, `W_U` stored d×V, the residual stream read from
   `run_with_cache`; its own `tokenizer`, or `tokenizer=`);
+- a TransformerLens 3 `TransformerBridge` (the `transformers` model it wraps, `original_model`,
+  and its tokenizer);
 - an nnsight `LanguageModel` (its underlying `transformers` model and its tokenizer);
 - an SAE-Lens `SAE` (its decoder dictionary `W_dec`, features × d: the matrix whose ε and capacity
   are measured; it has no unembedding and runs no text);
@@ -28,7 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-FRAMEWORKS = ("transformers", "transformer_lens", "nnsight", "sae_lens")
+FRAMEWORKS = ("transformers", "transformer_lens", "transformer_lens_bridge", "nnsight", "sae_lens")
 LAST_LAYER_POINTS = ("final_norm", "resid_post")
 _KINDS_HELP = ("a path, a Hugging Face repo id or an alias, or an in-memory model: a transformers PreTrainedModel "
                "(or PretrainedConfig, with init='random'), a TransformerLens HookedTransformer, an nnsight "
@@ -175,6 +177,11 @@ def in_memory_source(source, tokenizer=None) -> InMemorySource:
                              f"not a transformers model")
         tok = tokenizer if tokenizer is not None else getattr(source, "tokenizer", None)
         return InMemorySource(source, "nnsight", inner, tok, _label(source, inner))
+    bridged = getattr(source, "original_model", None) if type(source).__module__.startswith("transformer_lens") \
+        else None
+    if bridged is not None and _is_transformers(bridged):
+        tok = tokenizer if tokenizer is not None else getattr(source, "tokenizer", None)
+        return InMemorySource(source, "transformer_lens_bridge", bridged, tok, _label(source, bridged))
     if _is_lens(source):
         tok = tokenizer if tokenizer is not None else getattr(source, "tokenizer", None)
         return InMemorySource(source, "transformer_lens", source, tok, _label(source, source))
@@ -201,7 +208,7 @@ def _config_of(source) -> Tuple[Any, Any, str]:
         return source, None, f"{source.model_type} config"
     if is_in_memory(source):
         src = in_memory_source(source)
-        if src.framework in ("transformers", "nnsight"):
+        if src.framework in ("transformers", "nnsight", "transformer_lens_bridge"):
             return src.model.config, src.tokenizer, src.label
         raise ValueError(f"init='random': a {src.framework} model has no transformers config to build from; "
                          f"pass its transformers model, config.json or model directory")
