@@ -2,7 +2,7 @@
 real models, each run in a fresh process, with the time of each stage from its report.json.
 
     python -m pytest bench/bench_report.py -s              # CPU: MiniLM and SmolLM2 (default settings)
-    python -m pytest bench/bench_report.py -s -k gpu       # the same with --device cuda (bench/gpu_suite.sh)
+    python -m pytest bench/bench_report.py -s -k gpu       # the same with --device cuda, and the scale cases
     python -m pytest bench/bench_report.py -s -k scale     # at vocabulary scale, no model package needed:
         # a Qwen2-shaped 151,936 × 896 model built on the GPU and its whole report, and ε of a
         # Llama-3-8B-shaped 128,256 × 4096 matrix, streamed and exact (bench/report_at_scale.py;
@@ -106,8 +106,8 @@ def run_scale(case: str, device: str, smoke: bool, tmp_path) -> dict:
 
 
 @pytest.mark.parametrize("case", ["qwen2", "llama3_embeddings"])
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not HAS_CUDA, reason="no CUDA device")])])
+@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="gpu", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")])])
 def test_scale(benchmark, case, device, tmp_path):
     smoke = SMOKE or device == "cpu"  # the full sizes are for one GPU; a CPU runs the same code small
     res = {}

