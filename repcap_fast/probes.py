@@ -23,6 +23,7 @@ import torch
 from . import _validation as val
 from ._progress import progress_bar
 from .models import check_layers, open_model
+from .models.hidden_states import jsonl_objects
 from .models.in_memory import Runner
 
 POOLINGS = ("mean", "last")
@@ -37,22 +38,15 @@ def read_labelled(path: str, text_key: str = "text", label_key: str = "label") -
         raise ValueError(f"probe file {path!r}: expected a .jsonl file (one JSON object per line with "
                          f"{text_key!r} and {label_key!r})")
     texts, labels = [], []
-    with open(path, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{i}: not JSON ({exc.msg})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str) or not obj[text_key].strip():
-                raise ValueError(f"{path}:{i}: expected an object with a non-empty string field {text_key!r}")
-            label = obj.get(label_key)
-            if not isinstance(label, (str, int, bool)):
-                raise ValueError(f"{path}:{i}: expected a label field {label_key!r} (a string, int or bool), got "
-                                 f"{json.dumps(label)[:40]}")
-            texts.append(obj[text_key])
-            labels.append(label)
+    for i, obj in jsonl_objects(path):
+        if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str) or not obj[text_key].strip():
+            raise ValueError(f"{path}:{i}: expected an object with a non-empty string field {text_key!r}")
+        label = obj.get(label_key)
+        if not isinstance(label, (str, int, bool)):
+            raise ValueError(f"{path}:{i}: expected a label field {label_key!r} (a string, int or bool), got "
+                             f"{json.dumps(label)[:40]}")
+        texts.append(obj[text_key])
+        labels.append(label)
     return texts, labels
 
 

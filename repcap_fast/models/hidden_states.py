@@ -42,6 +42,19 @@ def default_corpus() -> Tuple[str, List[str]]:
     return DEFAULT_CORPUS, [p for p in paragraphs if p]
 
 
+def jsonl_objects(path: str) -> Iterator[Tuple[int, object]]:
+    """(line number, parsed JSON) of each non-blank line of a JSON-lines file; a line that is not
+    JSON is a ValueError naming the file and the line."""
+    with open(path, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield i, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{i}: not JSON ({exc.msg})") from None
+
+
 def read_texts(path: str, jsonl_key: str = "text") -> List[str]:
     """Texts from a file: .jsonl (one JSON object per line, its `jsonl_key` field) or plain text
     (paragraphs separated by blank lines)."""
@@ -49,17 +62,10 @@ def read_texts(path: str, jsonl_key: str = "text") -> List[str]:
         raise FileNotFoundError(f"text file {path!r} does not exist")
     if path.endswith(".jsonl"):
         out = []
-        with open(path, encoding="utf-8") as fh:
-            for i, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{i}: not JSON ({exc.msg})") from None
-                if not isinstance(obj, dict) or not isinstance(obj.get(jsonl_key), str):
-                    raise ValueError(f"{path}:{i}: expected an object with a string field {jsonl_key!r}")
-                out.append(obj[jsonl_key])
+        for i, obj in jsonl_objects(path):
+            if not isinstance(obj, dict) or not isinstance(obj.get(jsonl_key), str):
+                raise ValueError(f"{path}:{i}: expected an object with a string field {jsonl_key!r}")
+            out.append(obj[jsonl_key])
         return out
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
