@@ -23,7 +23,7 @@ import torch
 from . import _validation as val
 from ._progress import progress_bar
 from .models import check_layers, open_model
-from .models.hidden_states import jsonl_objects
+from .models.hidden_states import jsonl_objects, padded_batch
 from .models.in_memory import Runner
 
 POOLINGS = ("mean", "last")
@@ -75,12 +75,7 @@ def text_representations(source, texts: Sequence[str], layers="all", *, pooling:
         for b0 in range(0, len(texts), batch_size):
             batch = [list(tok(t, add_special_tokens=True, verbose=False)["input_ids"])[:max_tokens]
                      for t in texts[b0:b0 + batch_size]]
-            width = max(len(ids) for ids in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, seq in enumerate(batch):
-                ids[i, :len(seq)] = torch.tensor(seq)
-                mask[i, :len(seq)] = 1
+            ids, mask = padded_batch(batch, pad)
             hs = runner(ids.to(src.device), mask.to(src.device))
             m = mask.to(src.device, torch.float32).unsqueeze(-1)
             last = torch.tensor([len(seq) - 1 for seq in batch], device=src.device)

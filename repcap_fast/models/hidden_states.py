@@ -55,6 +55,17 @@ def jsonl_objects(path: str) -> Iterator[Tuple[int, object]]:
                 raise ValueError(f"{path}:{i}: not JSON ({exc.msg})") from None
 
 
+def padded_batch(seqs: Sequence[Sequence[int]], pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask) of token sequences padded on the right to the longest."""
+    width = max(len(seq) for seq in seqs)
+    input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[i, : len(seq)] = 1
+    return input_ids, mask
+
+
 def read_texts(path: str, jsonl_key: str = "text") -> List[str]:
     """Texts from a file: .jsonl (one JSON object per line, its `jsonl_key` field) or plain text
     (paragraphs separated by blank lines)."""
@@ -393,13 +404,7 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
                                               unit="window", leave=True) as bar:
         for b0 in range(0, len(run_windows), batch_size):
             batch = run_windows[b0 : b0 + batch_size]
-            seqs = [prefix + windows_ids[w].tolist() + suffix for w in batch]
-            width = max(len(s) for s in seqs)
-            input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(seqs), width), dtype=torch.long)
-            for i, s in enumerate(seqs):
-                input_ids[i, : len(s)] = torch.tensor(s)
-                mask[i, : len(s)] = 1
+            input_ids, mask = padded_batch([prefix + windows_ids[w].tolist() + suffix for w in batch], pad)
             hs = runner(input_ids.to(device), mask.to(device))
             rows = torch.tensor([i for i, w in enumerate(batch) for _ in by_window[w]], device=device)
             cols = torch.tensor([len(prefix) + o for w in batch for o in by_window[w]], device=device)
