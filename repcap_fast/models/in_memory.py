@@ -33,8 +33,8 @@ import torch
 FRAMEWORKS = ("transformers", "transformer_lens", "transformer_lens_bridge", "nnsight", "sae_lens")
 LAST_LAYER_POINTS = ("final_norm", "resid_post")
 _KINDS_HELP = ("a path, a Hugging Face repo id or an alias, or an in-memory model: a transformers PreTrainedModel "
-               "(or PretrainedConfig, with init='random'), a TransformerLens HookedTransformer, an nnsight "
-               "LanguageModel or an SAE-Lens SAE")
+               "(or PretrainedConfig, with init='random'), a TransformerLens HookedTransformer or "
+               "TransformerBridge, an nnsight LanguageModel or an SAE-Lens SAE")
 
 
 @dataclass
@@ -186,6 +186,8 @@ def in_memory_source(source, tokenizer=None) -> InMemorySource:
         tok = tokenizer if tokenizer is not None else getattr(source, "tokenizer", None)
         return InMemorySource(source, "transformer_lens", source, tok, _label(source, source))
     if _is_sae(source):
+        if tokenizer is not None:
+            raise ValueError("tokenizer= does not apply to an SAE-Lens SAE: it is a dictionary and runs no text")
         return InMemorySource(source, "sae_lens", source, None, type(source).__name__)
     if _is_transformers(source):
         notes = []
