@@ -262,8 +262,16 @@ def _report_settings(args) -> ReportSettings:
                           probe_file=args.probe, probe_folds=args.probe_folds)
 
 
+_PGA_ONLY = ("text", "jsonl", "jsonl_key", "n_tokens", "layers", "k", "n_null", "ccr", "seed", "dtype", "batch_size",
+             "precision", "init", "last_layer", "probe", "probe_folds", "agreement_null")
+
+
 def _cmd_survey(args) -> int:
     _check_device_arg(args)
+    given = [name for name, default in args.pga_only_defaults.items() if getattr(args, name) != default]
+    if given and not args.pga:
+        raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in given)}: only with --pga (the survey "
+                         f"without it compares ε and capacity of the embedding matrices)")
     if args.pga:
         run_pga_survey(args.sources, args.out, _report_settings(args), agreement_null=args.agreement_null,
                        progress=args.progress, command=sys.argv)
@@ -395,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="random subspaces per model in the cross-model agreement (default 10)")
     analysis_options(p_sur)
     p_sur.add_argument("--no-progress", dest="progress", action="store_false")
+    p_sur.set_defaults(pga_only_defaults={a.dest: a.default for a in p_sur._actions if a.dest in _PGA_ONLY})
     p_sur.set_defaults(func=_cmd_survey)
 
     p_fit = sub.add_parser("fit", help="fit the capacity constants to sweep results")

@@ -495,3 +495,10 @@ def _text_file(tmp_path, name, seed):
     path = tmp_path / name
     path.write_text("\n\n".join(paragraphs[seed * 40: seed * 40 + 300]))
     return str(path)
+
+
+def test_survey_options_of_the_pga_survey_need_pga(capsys):
+    from repcap_fast.cli import main
+
+    assert main(["survey", "minilm", "--n-tokens", "64", "--probe-folds", "3"]) == 2
+    assert "--n-tokens, --probe-folds: only with --pga" in capsys.readouterr().err

@@ -250,8 +250,7 @@ def random_init(source, seed: int = 0, device=None, dtype: Optional[torch.dtype]
     its own initializer (`_init_weights`), under `torch.manual_seed(seed)` in a forked RNG (the
     caller's global RNG state is unchanged). Built directly on `device` (default CPU) in `dtype`
     (default float32): values are deterministic for a given (seed, device), and differ between
-    devices because their generators differ. Another `dtype` rounds the float32 initialization.
-    Built in the default float32 unless the config names another dtype."""
+    devices because their generators differ. Another `dtype` rounds the float32 initialization."""
     from transformers import AutoModel, AutoModelForCausalLM
 
     from .. import _validation as val
