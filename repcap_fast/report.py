@@ -30,7 +30,7 @@ import torch
 
 from . import _validation as val
 from . import capacity, plotting
-from ._backends import check_precision, info, resolve_backend
+from ._backends import BACKENDS, check_precision, info, resolve_backend
 from ._deprecated import moved_names
 from .geometry import readout_basis
 from .models import (
@@ -254,12 +254,16 @@ class ReportSettings:
             raise ValueError(f"ccrs must name at least one CCR variant, each once, got {self.ccrs}")
         if not math.isfinite(float(self.k_sigma)):
             raise ValueError(f"k_sigma must be finite, got {self.k_sigma}")
-        device = val.check_device(self.device if self.device is not None else "cpu")
-        check_stats_settings(device, self.bins, zero_rows=self.zero_rows, backend=self.backend,
-                             precision=self.precision)
-        resolve_backend(self.backend, device, "subspace_pga")
-        if self.device is not None:
+        if self.device is not None:  # None: the device is known once the source is (run_report checks it then)
+            device = val.check_device(self.device)
+            check_stats_settings(device, self.bins, zero_rows=self.zero_rows, backend=self.backend,
+                                 precision=self.precision)
+            resolve_backend(self.backend, device, "subspace_pga")
             object.__setattr__(self, "device", str(self.device))
+        else:
+            check_stats_settings("cpu", self.bins, zero_rows=self.zero_rows, precision=self.precision)
+            if self.backend not in ("auto",) + BACKENDS:
+                raise ValueError(f"backend must be one of {('auto',) + BACKENDS}, got {self.backend!r}")
         if isinstance(self.layers, np.integer):
             object.__setattr__(self, "layers", int(self.layers))
         elif not isinstance(self.layers, (str, int)):
@@ -353,7 +357,7 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
         elif tokenizer is not None:
             raise ValueError("tokenizer= is for a model in memory; a model read from disk uses its own tokenizer")
         device = s.device if s.device is not None else str(model.device) if model is not None else "cpu"
-        if model is not None and s.device is None:  # the model's device decides where the ops run
+        if s.device is None:  # the model's device (or the CPU) decides where the ops run: their backend checked
             check_stats_settings(val.check_device(device), s.bins, zero_rows=s.zero_rows, backend=s.backend,
                                  precision=s.precision)
             resolve_backend(s.backend, val.check_device(device), "subspace_pga")
