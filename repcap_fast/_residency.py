@@ -33,6 +33,9 @@ HOST_COPIES = {
     ("geometry.py", "content_digest"):
         "CPU tensors only (the branch is guarded by device.type == 'cpu'): their bytes are hashed in place; "
         "tensors on a GPU are fingerprinted on the device",
+    ("geometry.py", "_device_fingerprint"):
+        "the digest of a tensor on a GPU (the readout-basis cache key): two 31-bit hashes per 1 MiB chunk, "
+        "merged on the host; the tensor's data stays on the device",
     ("spectral.py", "spectral_metrics"):
         "the result: the readout alignment of the top m principal directions (m numbers)",
     ("report.py", "spectral_profile"):
