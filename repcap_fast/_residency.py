@@ -30,6 +30,18 @@ HOST_COPIES = {
         "the op's result: one Spearman ρ per subspace of the batch",
     ("ops/subspace_pga.py", "_rhos_in_batches"):
         "the op's result: one Spearman ρ per subspace, read once per batch",
+    ("ops/subspace_pga.py", "_subspace_rhos_stream"):
+        "method='stream': per batch, one zero-norm flag and one Spearman ρ per subspace",
+    ("ops/subspace_pga.py", "_subspace_pga"):
+        "across ranks: every rank's ρ's summed, one per subspace",
+    ("ops/gram_offdiag_penalty.py", "_check_rows"):
+        "an error message: the indices of at most 10 zero rows",
+    ("_validation.py", "drop_zero_rows"):
+        "an error message: the indices of at most 10 zero rows",
+    ("_validation.py", "unit_rows"):
+        "the indices of the rows whose norm overflows float64 (each is rescaled on the device)",
+    ("_validation.py", "as_rank_keys"):
+        "rank keys given as Python or numpy values, checked on the host before they become a tensor",
     ("geometry.py", "content_digest"):
         "CPU tensors only (the branch is guarded by device.type == 'cpu'): their bytes are hashed in place; "
         "tensors on a GPU are fingerprinted on the device",
