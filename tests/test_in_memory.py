@@ -236,7 +236,13 @@ def test_last_layer_points_follow_the_frameworks_conventions(family):
 # --- TransformerLens ---------------------------------------------------------------------------------
 
 def _lens(tokenizer=None, seed=0):
+    """A HookedTransformer from a config, with a copy of the tokenizer (TransformerLens sets
+    special tokens on the one it is given)."""
+    import copy
+
     from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    tokenizer = None if tokenizer is None else copy.deepcopy(tokenizer)
 
     cfg = HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=256, d_head=8, n_heads=4, d_mlp=64, d_vocab=V,
                                   act_fn="gelu", normalization_type="LN", seed=seed)
@@ -286,9 +292,12 @@ def test_transformer_bridge_is_the_transformers_model_it_wraps(tokenizer, tmp_pa
         warnings.simplefilter("ignore")
         bridge = TransformerBridge.boot_transformers(path, hf_model=model, tokenizer=tokenizer, device="cpu")
     src = models.in_memory_source(bridge)
-    assert src.framework == "transformer_lens_bridge" and src.model is model and src.tokenizer is tokenizer
+    # the bridge wraps this model (its modules replaced by bridge components) and may hold its own
+    # copy of the tokenizer
+    assert src.framework == "transformer_lens_bridge" and src.model is bridge.original_model is model
+    assert src.tokenizer is bridge.tokenizer
     a = hidden_states(bridge, n_tokens=N_TOKENS, progress=False)
-    b = hidden_states(model, tokenizer=tokenizer, n_tokens=N_TOKENS, progress=False)
+    b = hidden_states(model, tokenizer=bridge.tokenizer, n_tokens=N_TOKENS, progress=False)
     assert all(torch.equal(a[layer], b[layer]) for layer in a.layers)
     e = load_embeddings(bridge, which="both")
     assert e.kind == "transformer_lens_bridge" and torch.equal(e.output, model.lm_head.weight)
