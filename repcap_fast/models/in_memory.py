@@ -376,6 +376,13 @@ class Runner:
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> List[torch.Tensor]:
         if self.src.framework == "transformer_lens":
             return self._run_lens(input_ids, attention_mask)
+        if self.last_layer == "final_norm" and self._blocks is not None:  # the model's own outputs: no hook
+            hs = list(self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+                      .hidden_states)
+            if len(hs) != self.n_layers + 1:
+                raise RuntimeError(f"the model returned {len(hs)} hidden states, expected {self.n_layers + 1}")
+            return hs
+        # the first batch (and every batch for resid_post): the last block's output read by a hook
         lists = [self._blocks] if self._blocks is not None else self._candidates
         captured: Dict[Tuple[int, str], torch.Tensor] = {}
 
