@@ -289,21 +289,17 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
     """
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if which not in ("input", "output", "both"):
+        raise ValueError(f"which must be 'input', 'output' or 'both', got {which!r}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
     if init == "random" or is_in_memory(source):
-        if which not in ("input", "output", "both"):
-            raise ValueError(f"which must be 'input', 'output' or 'both', got {which!r}")
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise ValueError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
         src, _ = open_model(source, tokenizer=tokenizer, init=init, seed=seed)
         return _in_memory_embeddings(src, which, dtype, device, n_rows, tensor)
     if tokenizer is not None:
         raise ValueError("tokenizer= is for a model in memory; a model read from disk uses its own tokenizer")
     if device is None:
         device = "cpu"
-    if which not in ("input", "output", "both"):
-        raise ValueError(f"which must be 'input', 'output' or 'both', got {which!r}")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
     resolved = resolve_source(source)
     reader = open_reader(resolved)
     names = reader.names()

@@ -136,11 +136,14 @@ def _is_config(obj) -> bool:
         and hasattr(obj, "model_type")
 
 
-def _label(obj, model) -> str:
-    name = ""
+def _name_or_path(model) -> str:
+    """The name or path a transformers model was loaded from ("" when built from a config)."""
     cfg = getattr(model, "config", None)
-    if cfg is not None:
-        name = str(getattr(cfg, "name_or_path", "") or getattr(cfg, "_name_or_path", "") or "")
+    return "" if cfg is None else str(getattr(cfg, "name_or_path", "") or getattr(cfg, "_name_or_path", "") or "")
+
+
+def _label(obj, model) -> str:
+    name = _name_or_path(model)
     if not name and hasattr(model, "cfg"):
         name = str(getattr(model.cfg, "model_name", "") or "")
     return name or type(obj).__name__
@@ -149,7 +152,7 @@ def _label(obj, model) -> str:
 def _find_tokenizer(model) -> Tuple[Any, Optional[str]]:
     """The tokenizer of a transformers model from its name_or_path (a local directory, or the
     local Hugging Face cache; never the network), or (None, why not)."""
-    name = str(getattr(model.config, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or "")
+    name = _name_or_path(model)
     if not name:
         return None, "the model has no name_or_path to find its tokenizer from"
     try:
