@@ -3,6 +3,7 @@ hooks of repcap_fast._C: the CUDA kernels run exactly these functions. Also the 
 bucketed sort of subspace PGA's pairs, through its hooks."""
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -135,6 +136,9 @@ def _bucketed_cases():
             top(0x8000) + np.repeat(7 * np.arange(80, dtype=np.uint32), np.arange(1, 81))),
         "sparse top values": top(r.integers(0, 2**16, 100_000)) + r.integers(0, 2**16, 100_000).astype(np.uint32),
         "distances": np.array([_C._sortable_key_f32(float(v)) for v in gauss], dtype=np.uint32),
+        # one bucket whose sums pass 2^64: the correlation's 128-bit path
+        "one top value, 1.7M items": top(0x8000) + r.integers(0, 2**16, 1_700_000).astype(np.uint32),
+        "all equal, 1.7M items": np.full(1_700_000, 0x9000ABCD, dtype=np.uint32),
     }
 
 
@@ -142,8 +146,9 @@ def _bucketed_cases():
 def test_bucketed_sort_gives_scipy_average_ranks_and_correlation(case):
     """The CPU kernel's sort of packed items (a scatter by the keys' top 16 bits into buckets,
     then each bucket sorted in cache) on keys that hit its edges: one item, all equal, both
-    extremes, a top value holding more than a bucket, ties next to bucket borders, runs of ties
-    shorter and longer than the tie correction's longest offset."""
+    extremes, a top value holding more than a bucket, ties next to bucket borders, runs of ties of
+    every length up to 80, a bucket whose correlation sums need 128 bits. The correlation is exact:
+    its cross term is the integer (Σ 2r·2s − n(n + 1)²)/4 rounded once."""
     keys = _bucketed_cases()[case]
     ranks = np.asarray(_C._bucketed_sort_ranks(keys.tolist()))
     expected = rankdata(keys.astype(np.int64), method="average")
@@ -151,6 +156,8 @@ def test_bucketed_sort_gives_scipy_average_ranks_and_correlation(case):
     n = keys.size
     twice_ref = 2 * np.random.default_rng(3).permutation(n).astype(np.int64) + 2
     cross, sum_sq = _C._bucketed_sort_correlation(keys.tolist(), twice_ref.astype(np.uint32).tolist())
+    twice_rank = (2 * expected).astype(np.int64)
+    exact_cross_times_4 = int(np.dot(twice_rank.astype(object), twice_ref.astype(object))) - n * (n + 1) ** 2
+    assert cross == float(Fraction(exact_cross_times_4, 4))
     mean = (n + 1) / 2
-    assert cross == pytest.approx(float(np.sum((expected - mean) * (twice_ref / 2 - mean))), rel=1e-12, abs=1e-6)
     assert sum_sq == pytest.approx(float(np.sum((expected - mean) ** 2)), rel=1e-12, abs=1e-6)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <utility>
@@ -13,12 +14,6 @@
 
 namespace repcap {
 namespace cpu {
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define REPCAP_PGA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define REPCAP_PGA_CLONES
-#endif
 
 template <typename T>
 void write_distance_keys(const T* dots, int64_t ld, int64_t rows, int64_t cols, int64_t row0,
@@ -199,13 +194,14 @@ template <typename Key>
 struct SplitSorted {
   const Key* keys;
   const uint32_t* payloads;
-  bool same_key(int64_t a, int64_t b) const { return keys[a] == keys[b]; }
+  uint64_t key(int64_t t) const { return keys[t]; }
   int64_t run_end_at(int64_t n, int64_t t) const { return run_end(keys, n, t); }
   uint32_t payload(int64_t t) const { return payloads[t]; }
 };
 
 struct PackedSorted {
   const uint64_t* items;
+  uint64_t key(int64_t t) const { return items[t] >> 32; }
   int64_t run_end_at(int64_t n, int64_t t) const { return run_end(items, n, t, HighWord()); }
   uint32_t payload(int64_t t) const { return static_cast<uint32_t>(items[t]); }
 };
@@ -223,139 +219,91 @@ void scatter_ranks(const Sorted& sorted, int64_t n, int64_t first, double* ranks
   }
 }
 
-// Σ_t (first + t + 1 − m)(v_t/2 − m), v_t the payloads, vectorized for AVX-512, AVX2 and the
-// baseline.
-REPCAP_PGA_CLONES static double plain_rank_cross(const uint32_t* twice_ref, int64_t n, int64_t first, double mean) {
-  const double shift = static_cast<double>(first + 1) - mean;
-  double cross = 0.0;
-#pragma omp simd reduction(+ : cross)
-  for (int64_t t = 0; t < n; ++t) {
-    cross += (static_cast<double>(t) + shift) * (0.5 * static_cast<double>(twice_ref[t]) - mean);
-  }
-  return cross;
-}
-
-REPCAP_PGA_CLONES static double plain_rank_cross(const uint64_t* items, int64_t n, int64_t first, double mean) {
-  const double shift = static_cast<double>(first + 1) - mean;
-  double cross = 0.0;
-#pragma omp simd reduction(+ : cross)
-  for (int64_t t = 0; t < n; ++t) {
-    const double twice = static_cast<double>(static_cast<uint32_t>(items[t]));
-    cross += (static_cast<double>(t) + shift) * (0.5 * twice - mean);
-  }
-  return cross;
-}
-
-// For n sorted values at sorted positions first.. of all `total` pairs (a span that no run of ties
-// crosses), given plain_cross = Σ (first + t + 1 − m)(s_t − m), the cross term as if there were no
-// ties: each run of equal keys [start, end) takes its average rank instead, which adds to the
-// cross term and to Σ (r − m)² (whose tie-free value n(n² − 1)/12 over all pairs the caller adds).
-template <typename Sorted>
-RankCorrelationPartial correct_for_ties(const Sorted& sorted, int64_t n, int64_t first, int64_t total,
-                                        double plain_cross) {
-  const double mean = 0.5 * static_cast<double>(total + 1);
-  double cross = plain_cross;
-  double sum_sq = 0.0;
-  int64_t t = 0;
-  while (t + 1 < n) {
-    if (!sorted.same_key(t, t + 1)) {
-      ++t;
-      continue;
-    }
-    const int64_t start = t;
-    const int64_t end = sorted.run_end_at(n, start);
-    const double avg = average_rank(first + start, first + end);
-    for (int64_t u = start; u < end; ++u) {
-      const double plain = static_cast<double>(first + u + 1);
-      cross += (avg - plain) * (0.5 * static_cast<double>(sorted.payload(u)) - mean);
-      sum_sq += (avg - mean) * (avg - mean) - (plain - mean) * (plain - mean);
-    }
-    t = end;
-  }
-  return RankCorrelationPartial{cross, sum_sq};
-}
-
-// ---- Tie corrections of one sorted bucket of packed items, exact in integers ----
+// ---- The rank correlation, exact in integers ----
 //
-// Items x_t = (k_t << 32) | p_t sorted by key k, p_t twice the reference rank. A run of L equal keys
-// at sorted positions [a, b) of the bucket takes its average rank (a + b + 1)/2 (plus the bucket's
-// first position) instead of t + 1. Over the run, since avg − (t + 1) = ½ Σ_{u in run} sign(u − t)
-// and Σ_{t in run} (t + 1 − avg)² = (L³ − L)/12 = ½ Σ_{t<u in run} (u − t):
-//   cross correction  Σ_t (avg − (t + 1)) p_t/2        = ¼ Σ_{t<u in run} (p_t − p_u),
-//   sum_sq correction Σ_t (avg − m)² − (t + 1 − m)²   = −½ Σ_{t<u in run} (u − t).
-// Equal keys are consecutive, so the pairs (t, u = t + d) of the runs are exactly those with
-// k_t = k_{t+d}, and summing over the offsets d:
-//   cross += ¼ Σ_{d≥1} Σ_{t : k_t = k_{t+d}} (p_t − p_{t+d}),   sum_sq −= ½ Σ_{d≥1} d · #{t : k_t = k_{t+d}}.
-// d = 1 is one branch-free pass over the bucket that also lists the positions t with k_t = k_{t+1};
-// each further d keeps the listed t with k_t = k_{t+d}, a subset of the previous list. Runs longer
-// than kMaxTieOffset (exact duplicates: one-hot rows give runs of thousands) take their pairs
-// farther apart than that in closed form, run by run. The sums are exact integers; each correction
-// is rounded to double once.
-constexpr int64_t kMaxTieOffset = 32;
+// Sorted keys k_t with payloads p_t = 2·s_t (twice the reference rank, an integer). A run of equal
+// keys at sorted positions [a, b) of all n shares the average rank r = (a + b + 1)/2, so with
+// X = Σ_t 2r_t·p_t = 4 Σ r s = Σ_runs (a + b + 1)·Σ_{t in run} p_t, and Σ r = Σ s = n·m for the
+// mean m = (n + 1)/2:
+//   Σ (r − m)(s − m) = Σ r s − n m² = (X − n(n + 1)²)/4,
+//   Σ (r − m)²       = (n³ − n − Σ_runs (L³ − L))/12,  L = b − a the run's length.
+// Both are computed exactly in integers and rounded to double once.
+//
+// One span of m sorted values that no run of ties crosses (a bucket), with span-local runs [a, b):
+//   weighted = Σ_runs (a + b + 1)·Σ_{t in run} p_t,  payload = Σ_t p_t,  cubes = Σ_runs (L³ − L);
+// a span starting at sorted position `first` adds 2·first·payload + weighted to X.
+template <typename Acc>
+struct SpanRankSums {
+  Acc weighted = 0, payload = 0, cubes = 0;
+};
 
-inline int64_t item_payload(uint64_t item) { return static_cast<int64_t>(static_cast<uint32_t>(item)); }
-
-// Σ_{t+1<m} [k_t = k_{t+1}] (p_t − p_{t+1}) into *diff; the positions t with k_t = k_{t+1} into
-// positions (ascending; room for m); returns their count. Branch-free: about a third of the
-// neighbours are equal in real float32 distances (a branch per run mispredicts).
-static int64_t adjacent_ties(const uint64_t* __restrict x, int64_t m, uint32_t* __restrict positions,
-                             int64_t* diff) {
-  int64_t sum = 0, kept = 0;
-  for (int64_t t = 0; t + 1 < m; ++t) {
-    const uint64_t a = x[t], b = x[t + 1];
-    const int64_t equal = (a >> 32) == (b >> 32);
-    sum += (item_payload(a) - item_payload(b)) & -equal;
-    positions[kept] = static_cast<uint32_t>(t);
-    kept += equal;
+// One branch-free pass (about a third of sorted neighbours are tied in real float32 distances, so
+// a branch per run would mispredict): each run start closes the previous run, and the masks make
+// the terms of a run that goes on zero. Acc must hold every sum exactly: uint64_t when
+// fits_in_64_bits(m, n), unsigned __int128 otherwise.
+template <typename Acc, typename Sorted>
+SpanRankSums<Acc> span_rank_sums(const Sorted& sorted, int64_t m) {
+  SpanRankSums<Acc> sums;
+  if (m == 0) return sums;
+  uint64_t run_start = 0;
+  uint64_t run_payload = sorted.payload(0);
+  Acc weighted = 0, payload = run_payload, cubes = 0;
+  uint64_t previous_key = sorted.key(0);
+  for (int64_t t = 1; t < m; ++t) {
+    const uint64_t key = sorted.key(t), p = sorted.payload(t), position = static_cast<uint64_t>(t);
+    const uint64_t starts = uint64_t(0) - static_cast<uint64_t>(key != previous_key);  // all ones at a run start
+    const uint64_t length = position - run_start;
+    weighted += static_cast<Acc>((run_start + position + 1) & starts) * run_payload;
+    cubes += static_cast<Acc>((length * length - 1) & starts) * length;
+    payload += p;
+    run_start = (position & starts) | (run_start & ~starts);
+    run_payload = (run_payload & ~starts) + p;
+    previous_key = key;
   }
-  *diff = sum;
-  return kept;
+  const uint64_t length = static_cast<uint64_t>(m) - run_start;
+  weighted += static_cast<Acc>(run_start + static_cast<uint64_t>(m) + 1) * run_payload;
+  cubes += static_cast<Acc>(length * length - 1) * length;
+  sums.weighted = weighted;
+  sums.payload = payload;
+  sums.cubes = cubes;
+  return sums;
 }
 
-// The tie corrections (cross, sum_sq) of m sorted items; positions is scratch of m.
-static RankCorrelationPartial tie_corrections(const uint64_t* x, int64_t m, uint32_t* positions) {
-  if (m < 2) return RankCorrelationPartial{0.0, 0.0};
-  int64_t diff = 0;
-  int64_t kept = adjacent_ties(x, m, positions, &diff);
-  __int128 diff_total = diff;  // Σ_d Σ_{k_t = k_{t+d}} (p_t − p_{t+d})
-  __int128 gap_total = kept;   // Σ_d d · #{t : k_t = k_{t+d}}
-  for (int64_t d = 2; kept > 0 && d <= kMaxTieOffset; ++d) {
-    int64_t next = 0;
-    int64_t sum = 0;  // < m terms of magnitude < 2³²
-    for (int64_t j = 0; j < kept; ++j) {
-      const int64_t t = positions[j];
-      const bool inside = t + d < m;
-      const uint64_t a = x[t], b = x[inside ? t + d : t];
-      const int64_t equal = inside && (a >> 32) == (b >> 32);
-      sum += (item_payload(a) - item_payload(b)) & -equal;
-      positions[next] = static_cast<uint32_t>(t);
-      next += equal;
+using u128 = unsigned __int128;
+
+// Whether span_rank_sums of m values with payloads ≤ 2n fits uint64_t: weighted ≤ 2m·(m·2n)
+// and cubes ≤ m³.
+static bool fits_in_64_bits(int64_t m, int64_t n) {
+  const u128 span = static_cast<u128>(m);
+  return 4 * span * span * static_cast<u128>(n) < (u128(1) << 64) && span * span * span < (u128(1) << 64);
+}
+
+// The running totals of X and Σ_runs (L³ − L) over the spans.
+struct RankSumTotals {
+  u128 twice_rank_payload = 0, cubes = 0;
+
+  template <typename Sorted>
+  void add_span(const Sorted& sorted, int64_t m, int64_t first, int64_t n) {
+    u128 weighted, payload, cube_sum;
+    if (fits_in_64_bits(m, n)) {
+      const SpanRankSums<uint64_t> sums = span_rank_sums<uint64_t>(sorted, m);
+      weighted = sums.weighted, payload = sums.payload, cube_sum = sums.cubes;
+    } else {
+      const SpanRankSums<u128> sums = span_rank_sums<u128>(sorted, m);
+      weighted = sums.weighted, payload = sums.payload, cube_sum = sums.cubes;
     }
-    diff_total += sum;
-    gap_total += static_cast<__int128>(d) * next;
-    kept = next;
+    twice_rank_payload += 2 * static_cast<u128>(first) * payload + weighted;
+    cubes += cube_sum;
   }
-  // Left in the list: the positions a..b−1−kMaxTieOffset of each run [a, b) longer than kMaxTieOffset.
-  int64_t done = 0;
-  for (int64_t j = 0; j < kept; ++j) {
-    const int64_t a = positions[j];
-    if (a < done) continue;
-    const int64_t b = run_end(x, m, a, HighWord());
-    const int64_t length = b - a;
-    for (int64_t u = a; u < b; ++u) {  // #{v in run: v > u + D} − #{v in run: v < u − D}
-      const int64_t weight = std::max<int64_t>(0, b - 1 - u - kMaxTieOffset) - std::max<int64_t>(0, u - kMaxTieOffset - a);
-      diff_total += static_cast<__int128>(weight) * item_payload(x[u]);
-    }
-    for (int64_t d = kMaxTieOffset + 1; d < length; ++d) gap_total += static_cast<__int128>(d) * (length - d);
-    done = b;
-  }
-  return RankCorrelationPartial{0.25 * static_cast<double>(diff_total), -0.5 * static_cast<double>(gap_total)};
-}
 
-static double tie_free_sum_sq(int64_t n) {
-  const double nd = static_cast<double>(n);
-  return nd * (nd * nd - 1.0) / 12.0;
-}
+  RankCorrelationPartial partial(int64_t n) const {
+    const u128 count = static_cast<u128>(n);
+    const __int128 cross_times_4 =
+        static_cast<__int128>(twice_rank_payload) - static_cast<__int128>(count * (count + 1) * (count + 1));
+    const u128 sum_sq_times_12 = count * count * count - count - cubes;
+    return RankCorrelationPartial{static_cast<double>(cross_times_4) / 4.0, static_cast<double>(sum_sq_times_12) / 12.0};
+  }
+};
 
 template <typename Key>
 void scatter_average_ranks(const Key* sorted_keys, const uint32_t* sorted_pairs, int64_t n,
@@ -366,11 +314,9 @@ void scatter_average_ranks(const Key* sorted_keys, const uint32_t* sorted_pairs,
 template <typename Key>
 RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* sorted_twice_ref,
                                        int64_t n) {
-  const double mean = 0.5 * static_cast<double>(n + 1);
-  RankCorrelationPartial partial = correct_for_ties(SplitSorted<Key>{sorted_keys, sorted_twice_ref}, n, 0, n,
-                                                    plain_rank_cross(sorted_twice_ref, n, 0, mean));
-  partial.sum_sq += tie_free_sum_sq(n);
-  return partial;
+  RankSumTotals totals;
+  totals.add_span(SplitSorted<Key>{sorted_keys, sorted_twice_ref}, n, 0, n);
+  return totals.partial(n);
 }
 
 PackedPairs::PackedPairs(int64_t n, int64_t max_row)
@@ -379,18 +325,16 @@ PackedPairs::PackedPairs(int64_t n, int64_t max_row)
       stage_capacity_(std::max(kPieceItems, max_row)),
       stage_(new uint64_t[stage_capacity_]),
       ordered_(new uint64_t[stage_capacity_]),
-      top_counts_(kItemTopValues, 0u),
-      stage_counts_(kItemTopValues, 0u) {
+      top_counts_(kItemTopValues, 0u) {
   clear();
 }
 
 void PackedPairs::clear() {
   written_ = 0;
   staged_ = 0;
-  stage_top_lo_ = static_cast<uint32_t>(kItemTopValues - 1);
-  stage_top_hi_ = 0;
+  stage_key_lo_ = ~0u;
+  stage_key_hi_ = 0;
   std::fill(top_counts_.begin(), top_counts_.end(), 0u);
-  std::fill(stage_counts_.begin(), stage_counts_.end(), 0u);
   piece_ends_.clear();
 }
 
@@ -399,19 +343,6 @@ uint64_t* PackedPairs::stage_row(int64_t count) {
   if (staged_ + count > stage_capacity_) flush_piece();
   if (count > stage_capacity_) throw std::length_error("PackedPairs: a row longer than max_row");
   return stage_.get() + staged_;
-}
-
-void PackedPairs::count_staged(int64_t first) {
-  uint32_t* __restrict counts = stage_counts_.data();
-  uint32_t lo = stage_top_lo_, hi = stage_top_hi_;
-  for (int64_t t = first; t < staged_; ++t) {
-    const uint32_t top = item_top(stage_[t]);
-    ++counts[top];
-    lo = std::min(lo, top);
-    hi = std::max(hi, top);
-  }
-  stage_top_lo_ = lo;
-  stage_top_hi_ = hi;
 }
 
 // Stores n items at dst without reading dst's cache lines first (x86-64: non-temporal stores,
@@ -428,30 +359,68 @@ static void store_streaming(const uint64_t* __restrict src, int64_t n, uint64_t*
 #endif
 }
 
+// The staged piece is counted by top value in kLanes lanes (lane L counts the L-th quarter of the
+// piece) with counters of their own, so that items sharing a top value do not wait on each
+// other's increments (about 1.5× one set of counters); then ordered by top value in cache.
+constexpr int kLanes = 4;
+
 void PackedPairs::flush_piece() {
   if (staged_ == 0) return;
-  uint32_t* __restrict counts = stage_counts_.data();
-  uint32_t offset = 0;
-  for (uint32_t v = stage_top_lo_; v <= stage_top_hi_; ++v) {
-    const uint32_t here = counts[v];
-    top_counts_[v] += here;
+  const uint64_t* __restrict in = stage_.get();
+  const int64_t count = staged_;
+  const uint32_t top_lo = stage_key_lo_ >> (32 - kItemTopBits);
+  const uint32_t span = (stage_key_hi_ >> (32 - kItemTopBits)) - top_lo + 1;
+  lane_counts_.assign(static_cast<size_t>(kLanes) * span, 0u);
+  uint32_t* __restrict counts = lane_counts_.data();  // counts[lane·span + top − top_lo]
+  const int64_t quarter = count / kLanes;
+  for (int64_t t = 0; t < quarter; ++t) {
+    for (int lane = 0; lane < kLanes; ++lane) ++counts[lane * span + item_top(in[lane * quarter + t]) - top_lo];
+  }
+  for (int64_t t = kLanes * quarter; t < count; ++t) ++counts[item_top(in[t]) - top_lo];
+  uint32_t offset = 0;  // counts[v] becomes the start of top value top_lo + v
+  for (uint32_t v = 0; v < span; ++v) {
+    uint32_t here = 0;
+    for (int lane = 0; lane < kLanes; ++lane) here += counts[lane * span + v];
     counts[v] = offset;
     offset += here;
+    top_counts_[top_lo + v] += here;
   }
   // Ordered by top value in cache, then stored at the piece's place in one stream.
   uint64_t* __restrict ordered = ordered_.get();
-  const uint64_t* __restrict in = stage_.get();
-  for (int64_t t = 0; t < staged_; ++t) {
+  for (int64_t t = 0; t < count; ++t) {
     const uint64_t item = in[t];
-    ordered[counts[item_top(item)]++] = item;
+    ordered[counts[item_top(item) - top_lo]++] = item;
   }
-  store_streaming(ordered, staged_, items_.get() + written_);
-  std::fill(counts + stage_top_lo_, counts + stage_top_hi_ + 1, 0u);
-  written_ += staged_;
+  store_streaming(ordered, count, items_.get() + written_);
+  written_ += count;
   piece_ends_.push_back(written_);
   staged_ = 0;
-  stage_top_lo_ = static_cast<uint32_t>(kItemTopValues - 1);
-  stage_top_hi_ = 0;
+  stage_key_lo_ = ~0u;
+  stage_key_hi_ = 0;
+}
+
+// The items of one row: item c = (sortable_key(clamp(1 − row[c], 0, 2)) << 32) | payload, with
+// payload values[c] or (values null) first_index + c; widens [key_lo, key_hi] to the row's keys.
+// The clamped distance is +0 or positive, whose sortable key is its bits with the top bit set, so
+// the loop has no branch and vectorizes (3–4× the scalar loop on AVX-512, measured on real distances).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void write_row_items(const float* __restrict row, int64_t count, const uint32_t* __restrict values,
+                            uint32_t first_index, uint64_t* __restrict out, uint32_t* key_lo, uint32_t* key_hi) {
+  uint32_t lo = *key_lo, hi = *key_hi;
+  for (int64_t c = 0; c < count; ++c) {
+    const float dist = std::min(2.0f, std::max(0.0f, 1.0f - row[c]));
+    uint32_t bits;
+    std::memcpy(&bits, &dist, sizeof(bits));
+    const uint32_t key = bits | 0x80000000u;
+    const uint32_t payload = values != nullptr ? values[c] : first_index + static_cast<uint32_t>(c);
+    out[c] = (static_cast<uint64_t>(key) << 32) | payload;
+    lo = std::min(lo, key);
+    hi = std::max(hi, key);
+  }
+  *key_lo = lo;
+  *key_hi = hi;
 }
 
 void PackedPairs::write_distances(const float* dots, int64_t ld, int64_t rows, int64_t row0, int64_t n_tokens,
@@ -462,22 +431,10 @@ void PackedPairs::write_distances(const float* dots, int64_t ld, int64_t rows, i
     if (count <= 0) continue;
     const int64_t pair0 = condensed_pair_index(i, i + 1, n_tokens);
     if (pair0 != written_ + staged_) throw std::logic_error("PackedPairs: rows must come in order from row 0");
-    uint64_t* __restrict out = stage_row(count);
-    uint32_t* __restrict counts = stage_counts_.data();
-    uint32_t key_lo = ~0u, key_hi = 0;
-    const float* row = dots + r * ld + (i + 1 - row0);
-    for (int64_t c = 0; c < count; ++c) {
-      const float dist = std::min(2.0f, std::max(0.0f, 1.0f - row[c]));
-      const uint32_t key = sortable_key(dist);
-      const uint32_t low = payload != nullptr ? payload[pair0 + c] : static_cast<uint32_t>(pair0 + c);
-      out[c] = (static_cast<uint64_t>(key) << 32) | low;
-      ++counts[key >> (32 - kItemTopBits)];
-      key_lo = std::min(key_lo, key);
-      key_hi = std::max(key_hi, key);
-    }
+    uint64_t* out = stage_row(count);
+    write_row_items(dots + r * ld + (i + 1 - row0), count, payload != nullptr ? payload + pair0 : nullptr,
+                    static_cast<uint32_t>(pair0), out, &stage_key_lo_, &stage_key_hi_);
     staged_ += count;
-    stage_top_lo_ = std::min(stage_top_lo_, key_lo >> (32 - kItemTopBits));
-    stage_top_hi_ = std::max(stage_top_hi_, key_hi >> (32 - kItemTopBits));
   }
 }
 
@@ -485,8 +442,11 @@ void PackedPairs::write_items(const uint64_t* items, int64_t count) {
   while (count > 0) {
     const int64_t chunk = std::min(count, kPieceItems);
     std::copy(items, items + chunk, stage_row(chunk));
+    for (int64_t t = 0; t < chunk; ++t) {
+      stage_key_lo_ = std::min(stage_key_lo_, item_key(items[t]));
+      stage_key_hi_ = std::max(stage_key_hi_, item_key(items[t]));
+    }
     staged_ += chunk;
-    count_staged(staged_ - chunk);
     items += chunk;
     count -= chunk;
   }
@@ -507,7 +467,6 @@ void PackedPairs::for_each_sorted_bucket(Visit visit) {
   if (bucket_a_.size() < largest) {  // kept across calls: one allocation per thread, not per subspace
     bucket_a_.resize(largest);
     bucket_b_.resize(largest);
-    tie_positions_.resize(largest);
   }
   std::vector<int64_t> cursor(piece_ends_.size());
   for (size_t p = 0; p < piece_ends_.size(); ++p) cursor[p] = p == 0 ? 0 : piece_ends_[p - 1];
@@ -533,14 +492,11 @@ void PackedPairs::scatter_ranks(double* ranks) {
 }
 
 RankCorrelationPartial PackedPairs::correlate() {
-  const double mean = 0.5 * static_cast<double>(n_ + 1);
-  RankCorrelationPartial total{0.0, tie_free_sum_sq(n_)};
+  RankSumTotals totals;
   for_each_sorted_bucket([&](const uint64_t* sorted, const ItemBucket& bucket) {
-    const RankCorrelationPartial ties = tie_corrections(sorted, bucket.size, tie_positions_.data());
-    total.cross += plain_rank_cross(sorted, bucket.size, bucket.start, mean) + ties.cross;
-    total.sum_sq += ties.sum_sq;
+    totals.add_span(PackedSorted{sorted}, bucket.size, bucket.start, n_);
   });
-  return total;
+  return totals.partial(n_);
 }
 
 template void write_distance_keys<double>(const double*, int64_t, int64_t, int64_t, int64_t,

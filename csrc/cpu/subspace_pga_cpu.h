@@ -86,12 +86,11 @@ class PackedPairs {
   // ranks[payload] = the average rank of the item's key (payloads are pair indices);
   void scatter_ranks(double* ranks);
   // or the rank correlation's partial sums as correlate_ranks computes them (payloads are twice the
-  // reference ranks). Ties are corrected exactly, in integers (see tie_corrections).
+  // reference ranks), exact in integers (see RankSumTotals).
   RankCorrelationPartial correlate();
 
  private:
   uint64_t* stage_row(int64_t count);  // room for the next row of count items in the stage
-  void count_staged(int64_t first);    // counts the staged items from first on by top value
   void flush_piece();                  // stores the staged items at their place, by top value
   template <typename Visit>
   void for_each_sorted_bucket(Visit visit);
@@ -102,13 +101,12 @@ class PackedPairs {
   std::unique_ptr<uint64_t[]> stage_;    // the current piece, as written
   std::unique_ptr<uint64_t[]> ordered_;  // the current piece, ordered by top value
   std::vector<uint32_t> top_counts_;   // per top value: the items of all pieces
-  std::vector<uint32_t> stage_counts_;  // per top value: the staged items (zero between pieces)
+  std::vector<uint32_t> lane_counts_;  // flush_piece's counters: per lane, per top value of the piece
   int64_t written_ = 0;  // items stored in pieces
   int64_t staged_ = 0;
-  uint32_t stage_top_lo_ = 0, stage_top_hi_ = 0;  // the staged items' range of top values
+  uint32_t stage_key_lo_ = ~0u, stage_key_hi_ = 0;  // the staged items' range of keys
   std::vector<int64_t> piece_ends_;
   std::vector<uint64_t> bucket_a_, bucket_b_;  // the sort's scratch: two copies of the largest bucket
-  std::vector<uint32_t> tie_positions_;        // tie_corrections' list, as long as the largest bucket
 };
 
 }  // namespace cpu
