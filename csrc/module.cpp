@@ -157,12 +157,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     packed.scatter_ranks(ranks.data());
     return ranks;
   });
-  m.def("_bucketed_sort_correlation", [](const std::vector<uint32_t>& keys, const std::vector<uint32_t>& twice_ref) {
-    TORCH_CHECK(keys.size() == twice_ref.size(), "_bucketed_sort_correlation: sizes differ");
-    repcap::cpu::PackedPairs packed = packed_pairs(keys, [&](int64_t t) { return twice_ref[t]; });
-    const repcap::RankCorrelationPartial p = packed.correlate();
-    return std::make_tuple(p.cross, p.sum_sq);
-  });
+  // vectorized: the AVX-512 pass over each sorted bucket where the CPU has it (_avx512_rank_pass).
+  m.def(
+      "_bucketed_sort_correlation",
+      [](const std::vector<uint32_t>& keys, const std::vector<uint32_t>& twice_ref, bool vectorized) {
+        TORCH_CHECK(keys.size() == twice_ref.size(), "_bucketed_sort_correlation: sizes differ");
+        repcap::cpu::PackedPairs packed = packed_pairs(keys, [&](int64_t t) { return twice_ref[t]; });
+        const repcap::RankCorrelationPartial p = packed.correlate(vectorized);
+        return std::make_tuple(p.cross, p.sum_sq);
+      },
+      pybind11::arg("keys"), pybind11::arg("twice_ref"), pybind11::arg("vectorized") = true);
+  m.def("_avx512_rank_pass", &repcap::cpu::avx512_rank_pass_available);
   m.def("_rank_correlation_sorted",
         [](const std::vector<uint64_t>& sorted, const std::vector<uint32_t>& twice_ref, double ref_sum_sq) {
           const int64_t n = static_cast<int64_t>(sorted.size());

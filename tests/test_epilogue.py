@@ -3,6 +3,8 @@ hooks of repcap_fast._C: the CUDA kernels run exactly these functions. Also the 
 bucketed sort of subspace PGA's pairs, through its hooks."""
 
 import math
+import os
+import platform
 from fractions import Fraction
 
 import numpy as np
@@ -147,17 +149,32 @@ def test_bucketed_sort_gives_scipy_average_ranks_and_correlation(case):
     """The CPU kernel's sort of packed items (a scatter by the keys' top 16 bits into buckets,
     then each bucket sorted in cache) on keys that hit its edges: one item, all equal, both
     extremes, a top value holding more than a bucket, ties next to bucket borders, runs of ties of
-    every length up to 80, a bucket whose correlation sums need 128 bits. The correlation is exact:
-    its cross term is the integer (Σ 2r·2s − n(n + 1)²)/4 rounded once."""
+    every length up to 80, a bucket whose correlation sums need 128 bits. The correlation is exact,
+    from the AVX-512 pass (where this CPU has it) and from the portable one alike: its cross term
+    is the integer (Σ 2r·2s − n(n + 1)²)/4 and Σ (r − m)² = (n³ − n − Σ (L³ − L))/12, each
+    rounded once."""
     keys = _bucketed_cases()[case]
     ranks = np.asarray(_C._bucketed_sort_ranks(keys.tolist()))
     expected = rankdata(keys.astype(np.int64), method="average")
     np.testing.assert_array_equal(ranks, expected)
     n = keys.size
     twice_ref = 2 * np.random.default_rng(3).permutation(n).astype(np.int64) + 2
-    cross, sum_sq = _C._bucketed_sort_correlation(keys.tolist(), twice_ref.astype(np.uint32).tolist())
     twice_rank = (2 * expected).astype(np.int64)
     exact_cross_times_4 = int(np.dot(twice_rank.astype(object), twice_ref.astype(object))) - n * (n + 1) ** 2
-    assert cross == float(Fraction(exact_cross_times_4, 4))
-    mean = (n + 1) / 2
-    assert sum_sq == pytest.approx(float(np.sum((expected - mean) ** 2)), rel=1e-12, abs=1e-6)
+    runs = np.unique(keys, return_counts=True)[1].astype(object)
+    exact_sum_sq_times_12 = n**3 - n - int(np.sum(runs**3 - runs))
+    for vectorized in (True, False):
+        cross, sum_sq = _C._bucketed_sort_correlation(keys.tolist(), twice_ref.astype(np.uint32).tolist(),
+                                                      vectorized=vectorized)
+        assert cross == float(Fraction(exact_cross_times_4, 4)), vectorized
+        assert sum_sq == float(Fraction(exact_sum_sq_times_12, 12)), vectorized
+
+
+def test_the_avx512_rank_pass_runs_where_the_cpu_has_it():
+    """The vectorized pass is the one the kernel takes on an AVX-512 CPU (so the test above checks
+    it there; the build compiles it with GCC on x86-64); elsewhere the portable pass runs alone."""
+    if platform.machine() != "x86_64" or not os.path.exists("/proc/cpuinfo"):
+        pytest.skip("not an x86-64 Linux CPU")
+    with open("/proc/cpuinfo") as f:
+        flags = f.read().split()
+    assert _C._avx512_rank_pass() == ("avx512f" in flags)

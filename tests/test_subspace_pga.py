@@ -385,7 +385,9 @@ def test_batch_follows_the_memory_budget(monkeypatch):
     assert op._batch_size(7, "cuda", n_tok, k, 101, torch.float32, cpu) == 7  # an explicit batch wins
     monkeypatch.setattr(op, "_memory_budget", lambda device: 1 << 50)
     assert op._batch_size(None, "cuda", n_tok, k, 101, torch.float32, cpu) == 64
-    assert op._batch_size(None, "cpu", n_tok, k, 101, torch.float32, cpu) == 16
+    assert op._batch_size(None, "cpu", n_tok, k, 101, torch.float32, cpu) == 101  # few pairs: one call
+    assert op._batch_size(None, "cpu", 2048, k, 101, torch.float32, cpu) == 32  # 2^26 pairs a call
+    assert op._batch_size(None, "cpu", 16384, k, 101, torch.float32, cpu) == 16  # at least 16
     assert op._batch_size(None, "cpu", n_tok, k, 3, torch.float32, cpu) == 3
 
 

@@ -4,12 +4,13 @@
 #include <array>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <stdexcept>
 #include <utility>
 #include <vector>
 
 #if defined(__x86_64__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 namespace repcap {
@@ -238,34 +239,137 @@ struct SpanRankSums {
 };
 
 // One branch-free pass (about a third of sorted neighbours are tied in real float32 distances, so
-// a branch per run would mispredict): each run start closes the previous run, and the masks make
-// the terms of a run that goes on zero. Acc must hold every sum exactly: uint64_t when
+// a branch per run would mispredict). With a(t) the start of t's run, u = t − a(t) its place in
+// the run, and S_t = Σ_{t' < t} p_t' (exclusive), the run sums become sums over the values:
+//   Σ_runs (a + b + 1)·Σ_{t in run} p_t = Σ_t [(t + a(t) + 2)·p_t + S_t − S_{a(t)}],
+//     because in a run [a, a + L) the second term counts p_{a+v} once for each later member,
+//     L − 1 − v times, so the run adds Σ_u [(2a + 2 + u) + (L − 1 − u)]·p_{a+u} = (2a + L + 1)·Σ p;
+//   Σ_runs (L³ − L) = 3·Σ_t u·(u + 1),  as (u + 1)³ − (u + 1) − (u³ − u) = 3u(u + 1).
+// Every term is ≥ 0 and fits 64 bits ((t + a + 2)·p ≤ 4mn, S ≤ 2mn, m ≤ n < 2^31), so each
+// partial sum is at most the final one. Acc must hold the sums exactly: uint64_t when
 // fits_in_64_bits(m, n), unsigned __int128 otherwise.
+// The pass's state after position t − 1: a(t − 1), S_{a(t − 1)}, S_t and the last key.
+struct RunState {
+  uint64_t run_start = 0, before_run = 0, before = 0, previous_key = 0;
+};
+
+// Positions [t0, m) of the pass, from `state`, added to `weighted` and `pairs` (Σ u(u + 1)).
 template <typename Acc, typename Sorted>
-SpanRankSums<Acc> span_rank_sums(const Sorted& sorted, int64_t m) {
-  SpanRankSums<Acc> sums;
-  if (m == 0) return sums;
-  uint64_t run_start = 0;
-  uint64_t run_payload = sorted.payload(0);
-  Acc weighted = 0, payload = run_payload, cubes = 0;
-  uint64_t previous_key = sorted.key(0);
-  for (int64_t t = 1; t < m; ++t) {
+void span_rank_sums_from(const Sorted& sorted, int64_t t0, int64_t m, RunState& state, Acc& weighted, Acc& pairs) {
+  uint64_t run_start = state.run_start, before_run = state.before_run, before = state.before;
+  uint64_t previous_key = state.previous_key;
+  for (int64_t t = t0; t < m; ++t) {
     const uint64_t key = sorted.key(t), p = sorted.payload(t), position = static_cast<uint64_t>(t);
     const uint64_t starts = uint64_t(0) - static_cast<uint64_t>(key != previous_key);  // all ones at a run start
-    const uint64_t length = position - run_start;
-    weighted += static_cast<Acc>((run_start + position + 1) & starts) * run_payload;
-    cubes += static_cast<Acc>((length * length - 1) & starts) * length;
-    payload += p;
-    run_start = (position & starts) | (run_start & ~starts);
-    run_payload = (run_payload & ~starts) + p;
+    run_start = (position & starts) | (run_start & ~starts);  // masks, not a branch the compiler may take
+    before_run = (before & starts) | (before_run & ~starts);
+    const uint64_t u = position - run_start;
+    weighted += static_cast<Acc>((position + run_start + 2) * p) + (before - before_run);
+    pairs += static_cast<Acc>(u * (u + 1));
+    before += p;
     previous_key = key;
   }
-  const uint64_t length = static_cast<uint64_t>(m) - run_start;
-  weighted += static_cast<Acc>(run_start + static_cast<uint64_t>(m) + 1) * run_payload;
-  cubes += static_cast<Acc>(length * length - 1) * length;
+  state = RunState{run_start, before_run, before, previous_key};
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define REPCAP_PGA_AVX512 1
+// GCC 12's avx512fintrin.h starts some intrinsics from an undefined register and warns about it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The same pass over packed items, eight positions per step (AVX-512): a start where a key differs
+// from the one before it; S by a prefix sum of the payloads, and a(t), S_{a(t)} by prefix maxima
+// of (t, S_t) at the starts (both grow with t), each carried from the step before. The products
+// are 32×32 → 64-bit (t + a + 2 ≤ 2m and u + 1 ≤ m, below 2^32); the eight lane sums are each at
+// most the 64-bit total. Leaves positions [8·⌊m/8⌋, m) to span_rank_sums_from.
+__attribute__((target("avx512f"))) int64_t span_rank_sums_avx512(const uint64_t* items, int64_t m, RunState& state,
+                                                                 uint64_t& weighted, uint64_t& pairs) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i last = _mm512_set1_epi64(7);
+  const __m512i low32 = _mm512_set1_epi64(0xffffffffLL);
+  const __m512i one = _mm512_set1_epi64(1), two = _mm512_set1_epi64(2);
+  __m512i keys_before = _mm512_set1_epi64(static_cast<long long>(state.previous_key));
+  __m512i run_start = _mm512_set1_epi64(static_cast<long long>(state.run_start));
+  __m512i before_run = _mm512_set1_epi64(static_cast<long long>(state.before_run));
+  __m512i before = _mm512_set1_epi64(static_cast<long long>(state.before));
+  __m512i weighted_lanes = zero, pairs_lanes = zero;
+  int64_t t0 = 0;
+  for (; t0 + 8 <= m; t0 += 8) {
+    const __m512i item = _mm512_loadu_si512(items + t0);
+    const __m512i keys = _mm512_srli_epi64(item, 32);
+    const __m512i p = _mm512_and_si512(item, low32);
+    const __mmask8 starts = _mm512_cmpneq_epu64_mask(keys, _mm512_alignr_epi64(keys, keys_before, 7));
+    const __m512i position = _mm512_add_epi64(_mm512_set1_epi64(t0), lane);
+    __m512i inclusive = _mm512_add_epi64(p, _mm512_alignr_epi64(p, zero, 7));  // lanes shifted up by 1, 2, 4
+    inclusive = _mm512_add_epi64(inclusive, _mm512_alignr_epi64(inclusive, zero, 6));
+    inclusive = _mm512_add_epi64(inclusive, _mm512_alignr_epi64(inclusive, zero, 4));
+    const __m512i S = _mm512_add_epi64(before, _mm512_sub_epi64(inclusive, p));
+    __m512i a = _mm512_maskz_mov_epi64(starts, position);
+    __m512i Sa = _mm512_maskz_mov_epi64(starts, S);
+    a = _mm512_max_epu64(a, _mm512_alignr_epi64(a, zero, 7));
+    Sa = _mm512_max_epu64(Sa, _mm512_alignr_epi64(Sa, zero, 7));
+    a = _mm512_max_epu64(a, _mm512_alignr_epi64(a, zero, 6));
+    Sa = _mm512_max_epu64(Sa, _mm512_alignr_epi64(Sa, zero, 6));
+    a = _mm512_max_epu64(a, _mm512_alignr_epi64(a, zero, 4));
+    Sa = _mm512_max_epu64(Sa, _mm512_alignr_epi64(Sa, zero, 4));
+    a = _mm512_max_epu64(a, run_start);
+    Sa = _mm512_max_epu64(Sa, before_run);
+    const __m512i u = _mm512_sub_epi64(position, a);
+    const __m512i factor = _mm512_add_epi64(_mm512_add_epi64(position, a), two);
+    weighted_lanes = _mm512_add_epi64(weighted_lanes, _mm512_mul_epu32(factor, p));
+    weighted_lanes = _mm512_add_epi64(weighted_lanes, _mm512_sub_epi64(S, Sa));
+    pairs_lanes = _mm512_add_epi64(pairs_lanes, _mm512_mul_epu32(u, _mm512_add_epi64(u, one)));
+    run_start = _mm512_permutexvar_epi64(last, a);
+    before_run = _mm512_permutexvar_epi64(last, Sa);
+    before = _mm512_permutexvar_epi64(last, _mm512_add_epi64(before, inclusive));
+    keys_before = keys;
+  }
+  alignas(64) uint64_t out[8];
+  _mm512_store_si512(out, weighted_lanes);
+  for (uint64_t w : out) weighted += w;
+  _mm512_store_si512(out, pairs_lanes);
+  for (uint64_t w : out) pairs += w;
+  _mm512_store_si512(out, run_start);
+  state.run_start = out[0];
+  _mm512_store_si512(out, before_run);
+  state.before_run = out[0];
+  _mm512_store_si512(out, before);
+  state.before = out[0];
+  _mm512_store_si512(out, keys_before);
+  state.previous_key = out[7];
+  return t0;
+}
+#pragma GCC diagnostic pop
+#endif
+
+bool avx512_rank_pass_available() {
+#ifdef REPCAP_PGA_AVX512
+  static const bool available = __builtin_cpu_supports("avx512f");
+  return available;
+#else
+  return false;
+#endif
+}
+
+// vectorized: the AVX-512 pass for packed items with 64-bit sums, where the CPU has it.
+template <typename Acc, typename Sorted>
+SpanRankSums<Acc> span_rank_sums(const Sorted& sorted, int64_t m, bool vectorized) {
+  SpanRankSums<Acc> sums;
+  if (m == 0) return sums;
+  RunState state;
+  state.previous_key = sorted.key(0);
+  Acc weighted = 0, pairs = 0;
+  int64_t t0 = 0;
+#ifdef REPCAP_PGA_AVX512
+  if constexpr (std::is_same<Acc, uint64_t>::value && std::is_same<Sorted, PackedSorted>::value) {
+    if (vectorized && avx512_rank_pass_available()) t0 = span_rank_sums_avx512(sorted.items, m, state, weighted, pairs);
+  }
+#endif
+  span_rank_sums_from(sorted, t0, m, state, weighted, pairs);
   sums.weighted = weighted;
-  sums.payload = payload;
-  sums.cubes = cubes;
+  sums.payload = state.before;
+  sums.cubes = 3 * pairs;
   return sums;
 }
 
@@ -283,13 +387,13 @@ struct RankSumTotals {
   u128 twice_rank_payload = 0, cubes = 0;
 
   template <typename Sorted>
-  void add_span(const Sorted& sorted, int64_t m, int64_t first, int64_t n) {
+  void add_span(const Sorted& sorted, int64_t m, int64_t first, int64_t n, bool vectorized = false) {
     u128 weighted, payload, cube_sum;
     if (fits_in_64_bits(m, n)) {
-      const SpanRankSums<uint64_t> sums = span_rank_sums<uint64_t>(sorted, m);
+      const SpanRankSums<uint64_t> sums = span_rank_sums<uint64_t>(sorted, m, vectorized);
       weighted = sums.weighted, payload = sums.payload, cube_sum = sums.cubes;
     } else {
-      const SpanRankSums<u128> sums = span_rank_sums<u128>(sorted, m);
+      const SpanRankSums<u128> sums = span_rank_sums<u128>(sorted, m, false);
       weighted = sums.weighted, payload = sums.payload, cube_sum = sums.cubes;
     }
     twice_rank_payload += 2 * static_cast<u128>(first) * payload + weighted;
@@ -300,8 +404,10 @@ struct RankSumTotals {
     const u128 count = static_cast<u128>(n);
     const __int128 cross_times_4 =
         static_cast<__int128>(twice_rank_payload) - static_cast<__int128>(count * (count + 1) * (count + 1));
-    const u128 sum_sq_times_12 = count * count * count - count - cubes;
-    return RankCorrelationPartial{static_cast<double>(cross_times_4) / 4.0, static_cast<double>(sum_sq_times_12) / 12.0};
+    // n³ − n and each L³ − L are products of three consecutive integers, so 6 divides them: the
+    // integer division is exact and the halving too, so both results are rounded once.
+    const u128 sum_sq_times_2 = (count * count * count - count - cubes) / 6;
+    return RankCorrelationPartial{static_cast<double>(cross_times_4) / 4.0, static_cast<double>(sum_sq_times_2) / 2.0};
   }
 };
 
@@ -336,6 +442,8 @@ void PackedPairs::clear() {
   stage_key_hi_ = 0;
   std::fill(top_counts_.begin(), top_counts_.end(), 0u);
   piece_ends_.clear();
+  piece_tops_.clear();
+  piece_top_ends_.clear();
 }
 
 uint64_t* PackedPairs::stage_row(int64_t count) {
@@ -384,7 +492,9 @@ void PackedPairs::flush_piece() {
     counts[v] = offset;
     offset += here;
     top_counts_[top_lo + v] += here;
+    if (here != 0) piece_tops_.push_back(TopEnd{top_lo + v, offset});
   }
+  piece_top_ends_.push_back(piece_tops_.size());
   // Ordered by top value in cache, then stored at the piece's place in one stream.
   uint64_t* __restrict ordered = ordered_.get();
   for (int64_t t = 0; t < count; ++t) {
@@ -454,7 +564,7 @@ void PackedPairs::write_items(const uint64_t* items, int64_t count) {
 
 // The items sorted bucket by bucket: visit(sorted, bucket) sees the buckets in key order. Within
 // each piece the items are ordered by top value, so a bucket's items are one run per piece, found
-// by binary search from where the previous bucket's ended.
+// from the piece's top values (piece_tops_) from where the previous bucket's ended.
 template <typename Visit>
 void PackedPairs::for_each_sorted_bucket(Visit visit) {
   flush_piece();
@@ -468,18 +578,22 @@ void PackedPairs::for_each_sorted_bucket(Visit visit) {
     bucket_a_.resize(largest);
     bucket_b_.resize(largest);
   }
-  std::vector<int64_t> cursor(piece_ends_.size());
-  for (size_t p = 0; p < piece_ends_.size(); ++p) cursor[p] = p == 0 ? 0 : piece_ends_[p - 1];
+  const size_t pieces = piece_ends_.size();
+  std::vector<size_t> cursor(pieces);  // piece p's next entry of piece_tops_
+  std::vector<uint32_t> taken(pieces, 0u);  // piece p's items that earlier buckets took
+  for (size_t p = 0; p < pieces; ++p) cursor[p] = p == 0 ? 0 : piece_top_ends_[p - 1];
   std::vector<ItemRun> runs;
   const uint64_t* items = items_.get();
   for (const ItemBucket& bucket : buckets) {
     runs.clear();
-    for (size_t p = 0; p < piece_ends_.size(); ++p) {
-      const uint64_t* begin = items + cursor[p];
-      const uint64_t* end = std::partition_point(
-          begin, items + piece_ends_[p], [&](uint64_t item) { return item_top(item) <= bucket.top_hi; });
-      if (end != begin) runs.push_back(ItemRun{begin, end});
-      cursor[p] = end - items;
+    for (size_t p = 0; p < pieces; ++p) {
+      size_t c = cursor[p];
+      uint32_t end = taken[p];
+      while (c < piece_top_ends_[p] && piece_tops_[c].top <= bucket.top_hi) end = piece_tops_[c++].end;
+      const uint64_t* piece = items + (p == 0 ? 0 : piece_ends_[p - 1]);
+      if (end != taken[p]) runs.push_back(ItemRun{piece + taken[p], piece + end});
+      cursor[p] = c;
+      taken[p] = end;
     }
     visit(sort_item_bucket(runs, bucket_a_.data(), bucket_b_.data(), bucket), bucket);
   }
@@ -491,10 +605,10 @@ void PackedPairs::scatter_ranks(double* ranks) {
   });
 }
 
-RankCorrelationPartial PackedPairs::correlate() {
+RankCorrelationPartial PackedPairs::correlate(bool vectorized) {
   RankSumTotals totals;
   for_each_sorted_bucket([&](const uint64_t* sorted, const ItemBucket& bucket) {
-    totals.add_span(PackedSorted{sorted}, bucket.size, bucket.start, n_);
+    totals.add_span(PackedSorted{sorted}, bucket.size, bucket.start, n_, vectorized);
   });
   return totals.partial(n_);
 }

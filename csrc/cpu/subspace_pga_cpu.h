@@ -46,6 +46,9 @@ template <typename Key>
 RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* sorted_twice_ref,
                                        int64_t n);
 
+// Whether this CPU runs the AVX-512 pass of the rank correlation (PackedPairs::correlate).
+bool avx512_rank_pass_available();
+
 // Float distances travel as packed items (sortable_key(dist) << 32) | payload, one 8-byte stream
 // through the sort instead of two: the payload is the caller's per-pair value (twice the reference
 // rank), or the pair index.
@@ -86,8 +89,9 @@ class PackedPairs {
   // ranks[payload] = the average rank of the item's key (payloads are pair indices);
   void scatter_ranks(double* ranks);
   // or the rank correlation's partial sums as correlate_ranks computes them (payloads are twice the
-  // reference ranks), exact in integers (see RankSumTotals).
-  RankCorrelationPartial correlate();
+  // reference ranks), exact in integers (see RankSumTotals). vectorized: its pass over each sorted
+  // bucket in AVX-512 where the CPU has it (the same integers; false: the portable pass).
+  RankCorrelationPartial correlate(bool vectorized = true);
 
  private:
   uint64_t* stage_row(int64_t count);  // room for the next row of count items in the stage
@@ -106,6 +110,13 @@ class PackedPairs {
   int64_t staged_ = 0;
   uint32_t stage_key_lo_ = ~0u, stage_key_hi_ = 0;  // the staged items' range of keys
   std::vector<int64_t> piece_ends_;
+  // Per piece, in order, its top values that hold items and where each one's items end in the
+  // piece (local offset): a bucket's run in a piece is found from these, not from the items.
+  struct TopEnd {
+    uint32_t top, end;
+  };
+  std::vector<TopEnd> piece_tops_;
+  std::vector<size_t> piece_top_ends_;  // piece p's entries: [piece_top_ends_[p − 1], piece_top_ends_[p])
   std::vector<uint64_t> bucket_a_, bucket_b_;  // the sort's scratch: two copies of the largest bucket
 };
 

@@ -53,6 +53,11 @@ STREAM_BINS = 1 << 21  # histogram bins over [0, 2] of method="stream": width 9.
 _STREAM_TILE_ELEMS = 1 << 18  # distances per subspace formed at once by method="stream"
 _STREAM_BATCH = 4  # default subspaces per pass of method="stream"
 _PROGRESS_WORK = 2e8  # pairs × subspaces above which a bar is shown by default
+# cpu: the most pairs × subspaces of one kernel call when `batch` is left to us (at least 16
+# subspaces). Each call converts the reference ranks and sets up every thread's buffers (about
+# 3 ms at N = 1024 here), so small N gets few calls; large N still updates the bar about every
+# half second of this machine's work.
+_CPU_PAIRS_PER_CALL = 1 << 26
 # Bytes per pair of one kernel call: (per subspace in flight, held once per call) for float32
 # keys, and the extra of float64 keys. cpu: each thread holds its float32 pairs as 8-byte items
 # (plus two copies of the largest bucket: a few percent of the pairs for spread distances, up to
@@ -271,7 +276,8 @@ def subspace_pga(
             tile: O(bins) memory per subspace instead of O(pairs); runs on torch ops; its measured
             error is in the README).
         batch: subspaces per kernel call (default: the most that fit half of the memory available
-            now, by `pga_batch_bytes`; at most 16 on cpu and 64 on GPUs).
+            now, by `pga_batch_bytes`; at most 64 on GPUs, and on cpu at most 16 or 2^26 pairs,
+            whichever is more).
         backend: "auto" (cpu for CPU tensors; cuda, else triton, for CUDA tensors), "cpu", "cuda",
             "triton" or "torch" (the float64 reference, a per-subspace loop).
         precision: "highest" (float32 projections and distances in IEEE float32) or "tf32" (GPU
@@ -424,7 +430,9 @@ def _batch_size(batch, name: str, n_tokens: int, k: int, n_bases: int, dtype, de
         fit *= 2
     while fit > 1 and pga_batch_bytes(name, n_tokens, k, fit, dtype) > budget:
         fit //= 2
-    return max(1, min(fit, n_bases, 16 if name == "cpu" else 64))  # cpu: progress granularity
+    n_pairs = n_tokens * (n_tokens - 1) // 2
+    cap = max(16, _CPU_PAIRS_PER_CALL // max(n_pairs, 1)) if name == "cpu" else 64  # cpu: progress granularity
+    return max(1, min(fit, n_bases, cap))
 
 
 # ------------------------------------------------------------------------------- launchers
