@@ -149,12 +149,24 @@ def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a and b else None
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def machine() -> Dict:
     """The machine, the versions and the build, for every results file."""
     import repcap_fast as rf
 
     return {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "platform": platform.platform(),
-            "processor": platform.processor(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "processor": cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(0) if HAS_CUDA else None, "smoke": SMOKE, "info": rf.info()}
 
 
