@@ -13,6 +13,12 @@
 #include <immintrin.h>
 #endif
 
+// x86-64 with GCC: the AVX2/AVX-512 variants below, compiled with target attributes and chosen at
+// run time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define REPCAP_X86_GCC 1
+#endif
+
 namespace repcap {
 namespace cpu {
 
@@ -272,11 +278,16 @@ void span_rank_sums_from(const Sorted& sorted, int64_t t0, int64_t m, RunState& 
   state = RunState{run_start, before_run, before, previous_key};
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define REPCAP_PGA_AVX512 1
+#ifdef REPCAP_X86_GCC
 // GCC 12's avx512fintrin.h starts some intrinsics from an undefined register and warns about it.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+// Lane 0 of an AVX-512 register.
+__attribute__((target("avx512f"))) static inline uint64_t lane0(__m512i v) {
+  return static_cast<uint64_t>(_mm_cvtsi128_si64(_mm512_castsi512_si128(v)));
+}
+
 // The same pass over packed items, eight positions per step (AVX-512): a start where a key differs
 // from the one before it; S by a prefix sum of the payloads, and a(t), S_{a(t)} by prefix maxima
 // of (t, S_t) at the starts (both grow with t), each carried from the step before. The products
@@ -325,26 +336,19 @@ __attribute__((target("avx512f"))) int64_t span_rank_sums_avx512(const uint64_t*
     before = _mm512_permutexvar_epi64(last, _mm512_add_epi64(before, inclusive));
     keys_before = keys;
   }
-  alignas(64) uint64_t out[8];
-  _mm512_store_si512(out, weighted_lanes);
-  for (uint64_t w : out) weighted += w;
-  _mm512_store_si512(out, pairs_lanes);
-  for (uint64_t w : out) pairs += w;
-  _mm512_store_si512(out, run_start);
-  state.run_start = out[0];
-  _mm512_store_si512(out, before_run);
-  state.before_run = out[0];
-  _mm512_store_si512(out, before);
-  state.before = out[0];
-  _mm512_store_si512(out, keys_before);
-  state.previous_key = out[7];
+  weighted += static_cast<uint64_t>(_mm512_reduce_add_epi64(weighted_lanes));
+  pairs += static_cast<uint64_t>(_mm512_reduce_add_epi64(pairs_lanes));
+  state.run_start = lane0(run_start);  // the carries are broadcast: every lane holds them
+  state.before_run = lane0(before_run);
+  state.before = lane0(before);
+  state.previous_key = lane0(_mm512_permutexvar_epi64(last, keys_before));
   return t0;
 }
 #pragma GCC diagnostic pop
 #endif
 
 bool avx512_rank_pass_available() {
-#ifdef REPCAP_PGA_AVX512
+#ifdef REPCAP_X86_GCC
   static const bool available = __builtin_cpu_supports("avx512f");
   return available;
 #else
@@ -361,7 +365,7 @@ SpanRankSums<Acc> span_rank_sums(const Sorted& sorted, int64_t m, bool vectorize
   state.previous_key = sorted.key(0);
   Acc weighted = 0, pairs = 0;
   int64_t t0 = 0;
-#ifdef REPCAP_PGA_AVX512
+#ifdef REPCAP_X86_GCC
   if constexpr (std::is_same<Acc, uint64_t>::value && std::is_same<Sorted, PackedSorted>::value) {
     if (vectorized && avx512_rank_pass_available()) t0 = span_rank_sums_avx512(sorted.items, m, state, weighted, pairs);
   }
@@ -387,7 +391,7 @@ struct RankSumTotals {
   u128 twice_rank_payload = 0, cubes = 0;
 
   template <typename Sorted>
-  void add_span(const Sorted& sorted, int64_t m, int64_t first, int64_t n, bool vectorized = false) {
+  void add_span(const Sorted& sorted, int64_t m, int64_t first, int64_t n, bool vectorized) {
     u128 weighted, payload, cube_sum;
     if (fits_in_64_bits(m, n)) {
       const SpanRankSums<uint64_t> sums = span_rank_sums<uint64_t>(sorted, m, vectorized);
@@ -421,7 +425,7 @@ template <typename Key>
 RankCorrelationPartial correlate_ranks(const Key* sorted_keys, const uint32_t* sorted_twice_ref,
                                        int64_t n) {
   RankSumTotals totals;
-  totals.add_span(SplitSorted<Key>{sorted_keys, sorted_twice_ref}, n, 0, n);
+  totals.add_span(SplitSorted<Key>{sorted_keys, sorted_twice_ref}, n, 0, n, false);
   return totals.partial(n);
 }
 
@@ -457,7 +461,7 @@ uint64_t* PackedPairs::stage_row(int64_t count) {
 // which the CPU combines into whole lines): the pieces are read back only after all of them are
 // written, by which time they have left the cache anyway. 32-byte stores where the CPU has AVX2
 // (about 0.8× the time of 8-byte ones for the whole write, measured on real distances).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef REPCAP_X86_GCC
 __attribute__((target("avx2"))) static void store_streaming_avx2(const uint64_t* __restrict src, int64_t n,
                                                                  uint64_t* __restrict dst) {
   int64_t t = 0;
@@ -474,7 +478,7 @@ __attribute__((target("avx2"))) static void store_streaming_avx2(const uint64_t*
 #endif
 
 static void store_streaming(const uint64_t* __restrict src, int64_t n, uint64_t* __restrict dst) {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef REPCAP_X86_GCC
   static const bool avx2 = __builtin_cpu_supports("avx2");
   if (avx2) return store_streaming_avx2(src, n, dst);
 #endif
@@ -534,7 +538,7 @@ void PackedPairs::flush_piece() {
 // payload values[c] or (values null) first_index + c; widens [key_lo, key_hi] to the row's keys.
 // The clamped distance is +0 or positive, whose sortable key is its bits with the top bit set, so
 // the loop has no branch and vectorizes (3–4× the scalar loop on AVX-512, measured on real distances).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef REPCAP_X86_GCC
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 static void write_row_items(const float* __restrict row, int64_t count, const uint32_t* __restrict values,
