@@ -12,6 +12,13 @@
 // L = Σ_r m_r^p s_r and ∂L/∂x_i = 2p m_r^(p-1) grad_dir_r in float64. Both launchers stream the
 // Gram matrix in tiles with a running row maximum (online rescaling): rows are independent, each
 // visited in fixed column order.
+//
+// precision (csrc/kernel_settings.h; float32 x only): kTF32 and kBF16 round the operands of both
+// GEMMs, x and each tile of weights, to TF32 or bfloat16 (csrc/operand_rounding.h) before float32
+// GEMMs: on the CPU this is the emulation of the tensor cores (their products are exact in
+// float32, so only the order of the float32 sums differs); on CUDA the GEMMs then run on TF32
+// tensor cores (the Python launcher sets cuBLAS's float32 precision), which hold both formats'
+// values exactly.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -20,6 +27,8 @@
 #include <algorithm>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu/gram_offdiag_penalty_cpu.h"
@@ -37,7 +46,8 @@ namespace {
 
 using PenaltyTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
-void check_penalty_inputs(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p) {
+void check_penalty_inputs(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p,
+                          int64_t precision) {
   TORCH_CHECK(x.dim() == 2, "gram_offdiag_penalty: x must be 2-D (k x d), got ", x.dim(), "-D");
   TORCH_CHECK(x.size(0) >= 1 && x.size(1) >= 1, "gram_offdiag_penalty: x must be non-empty");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
@@ -52,6 +62,13 @@ void check_penalty_inputs(const at::Tensor& q, const at::Tensor& x, int64_t row_
   TORCH_CHECK(row_offset >= 0 && row_offset + q.size(0) <= x.size(0),
               "gram_offdiag_penalty: rows [row_offset, row_offset + m) must lie in x's ", x.size(0),
               " rows, got row_offset ", row_offset, " and m ", q.size(0));
+  TORCH_CHECK(precision >= 0 && precision < repcap::kPrecisionCount, "gram_offdiag_penalty: unknown precision code ",
+              precision);
+}
+
+// The precision that applies to x's dtype: float64 runs in float64 at any precision.
+repcap::Precision operand_precision(const at::Tensor& x, int64_t precision) {
+  return x.scalar_type() == at::kFloat ? static_cast<repcap::Precision>(precision) : repcap::Precision::kHighest;
 }
 
 PenaltyTuple make_penalty_outputs(const at::Tensor& x, bool with_grad) {
@@ -68,7 +85,7 @@ PenaltyTuple make_penalty_outputs(const at::Tensor& x, bool with_grad) {
 // entry is skipped (the square op is q = x, row_offset = 0).
 template <typename T>
 void gram_offdiag_penalty_cpu_impl(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int32_t p,
-                                   bool with_grad, PenaltyTuple& out) {
+                                   bool with_grad, repcap::Precision rounding, PenaltyTuple& out) {
   constexpr int64_t kTileRows = 256;
   constexpr int64_t kTileCols = 512;
   const int64_t m = q.size(0);
@@ -110,6 +127,9 @@ void gram_offdiag_penalty_cpu_impl(const at::Tensor& q, const at::Tensor& x, int
             rescale = rescale || betas[r] != T(1);
           }
           if (!with_grad) continue;
+          if constexpr (std::is_same<T, float>::value) {
+            if (rounding != repcap::Precision::kHighest) repcap::cpu::round_operands(g_ptr, rows * cols, rounding);
+          }
           if (rescale && col0 > 0) {  // before the first tile acc is 0
             T* acc_ptr = acc.data_ptr<T>();
             const int64_t d = acc.size(1);
@@ -126,16 +146,43 @@ void gram_offdiag_penalty_cpu_impl(const at::Tensor& q, const at::Tensor& x, int
   TORCH_CHECK(error.empty(), "gram_offdiag_penalty (cpu): ", error);
 }
 
-PenaltyTuple gram_offdiag_penalty_cpu(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p,
-                                      bool with_grad) {
-  check_penalty_inputs(q, x, row_offset, p);
-  TORCH_CHECK(x.device().is_cpu(), "gram_offdiag_penalty (cpu): x must be a CPU tensor");
+// x (and q, unless it is x) as contiguous operands, copied and rounded when `rounding` asks.
+std::pair<at::Tensor, at::Tensor> rounded_operands(const at::Tensor& q, const at::Tensor& x,
+                                                   repcap::Precision rounding) {
   // Values only (this op has no autograd formula); q may be x itself.
-  const at::Tensor xc = x.detach().contiguous();
-  const at::Tensor qc = q.is_same(x) ? xc : q.detach().contiguous();
+  const bool same = q.is_same(x);
+  if (rounding == repcap::Precision::kHighest) {
+    const at::Tensor xc = x.detach().contiguous();
+    return {same ? xc : q.detach().contiguous(), xc};
+  }
+  auto rounded = [&](const at::Tensor& t) {
+    at::Tensor out = t.detach().contiguous().clone();
+#ifdef REPCAP_WITH_CUDA
+    if (out.is_cuda()) {
+      const char* err = repcap::cuda::round_operands_cuda(
+          out.data_ptr<float>(), out.numel(), rounding, c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
+      TORCH_CHECK(err == nullptr, "gram_offdiag_penalty (cuda): ", err ? err : "");
+      return out;
+    }
+#endif
+    repcap::cpu::round_operands(out.data_ptr<float>(), out.numel(), rounding);
+    return out;
+  };
+  const at::Tensor xr = rounded(x);
+  return {same ? xr : rounded(q), xr};
+}
+
+PenaltyTuple gram_offdiag_penalty_cpu(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p,
+                                      bool with_grad, int64_t precision) {
+  check_penalty_inputs(q, x, row_offset, p, precision);
+  TORCH_CHECK(x.device().is_cpu(), "gram_offdiag_penalty (cpu): x must be a CPU tensor");
+  const repcap::Precision rounding = operand_precision(x, precision);
+  const std::pair<at::Tensor, at::Tensor> operands = rounded_operands(q, x, rounding);
+  const at::Tensor& qc = operands.first;
+  const at::Tensor& xc = operands.second;
   PenaltyTuple out = make_penalty_outputs(qc, with_grad);
   AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_cpu", [&] {
-    gram_offdiag_penalty_cpu_impl<scalar_t>(qc, xc, row_offset, static_cast<int32_t>(p), with_grad, out);
+    gram_offdiag_penalty_cpu_impl<scalar_t>(qc, xc, row_offset, static_cast<int32_t>(p), with_grad, rounding, out);
   });
   return out;
 }
@@ -143,14 +190,15 @@ PenaltyTuple gram_offdiag_penalty_cpu(const at::Tensor& q, const at::Tensor& x, 
 #ifdef REPCAP_WITH_CUDA
 // CUDA: the same streaming over panels of up to 8192 x 8192 Gram entries (256 MB in float32):
 // G = X_I X_Jᵀ by cuBLAS (at::mm_out, on the current stream; float32 GEMMs follow torch's cuBLAS
-// float32 precision, which the Python launcher sets from the op's `precision` argument), the row
-// epilogue kernel, then acc_I ← diag(beta)·acc_I + W X_J by cuBLAS.
+// float32 precision, which the Python launcher sets from the op's `precision` argument: TF32 for
+// kTF32 and kBF16), the row epilogue kernel (which rounds the weights at `rounding`), then
+// acc_I ← diag(beta)·acc_I + W X_J by cuBLAS.
 // Extra memory: one panel and a beta vector.
 constexpr int64_t kCudaPanel = 8192;
 
 template <typename T>
 void gram_offdiag_penalty_cuda_impl(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int32_t p,
-                                    bool with_grad, PenaltyTuple& out) {
+                                    bool with_grad, repcap::Precision rounding, PenaltyTuple& out) {
   const int64_t m = q.size(0);
   const int64_t k = x.size(0);
   const int64_t row_panel = std::min(m, kCudaPanel);  // a panel is row_panel x col_panel Gram entries
@@ -173,7 +221,7 @@ void gram_offdiag_penalty_cuda_impl(const at::Tensor& q, const at::Tensor& x, in
       at::mm_out(g, x_rows, x_cols.t());
       const char* err = repcap::cuda::gram_offdiag_penalty_epilogue_cuda(
           g.data_ptr<T>(), cols, rows, cols, row_offset + row0, col0, p, row_max.data_ptr<T>() + row0,
-          row_sum.data_ptr<double>() + row0, beta_rows.data_ptr<T>(), with_grad, stream);
+          row_sum.data_ptr<double>() + row0, beta_rows.data_ptr<T>(), with_grad, rounding, stream);
       TORCH_CHECK(err == nullptr, "gram_offdiag_penalty (cuda): ", err ? err : "");
       if (!with_grad) continue;
       if (col0 > 0) acc.mul_(beta_rows.unsqueeze(1));  // before the first panel acc is 0
@@ -183,15 +231,18 @@ void gram_offdiag_penalty_cuda_impl(const at::Tensor& q, const at::Tensor& x, in
 }
 
 PenaltyTuple gram_offdiag_penalty_cuda(const at::Tensor& q, const at::Tensor& x, int64_t row_offset, int64_t p,
-                                       bool with_grad) {
-  check_penalty_inputs(q, x, row_offset, p);
+                                       bool with_grad, int64_t precision) {
+  check_penalty_inputs(q, x, row_offset, p, precision);
   TORCH_CHECK(x.is_cuda(), "gram_offdiag_penalty (cuda): x must be a CUDA tensor");
   const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor xc = x.detach().contiguous();
-  const at::Tensor qc = q.is_same(x) ? xc : q.detach().contiguous();
+  const repcap::Precision rounding = operand_precision(x, precision);
+  const std::pair<at::Tensor, at::Tensor> operands = rounded_operands(q, x, rounding);
+  const at::Tensor& qc = operands.first;
+  const at::Tensor& xc = operands.second;
   PenaltyTuple out = make_penalty_outputs(qc, with_grad);
   AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "gram_offdiag_penalty_cuda", [&] {
-    gram_offdiag_penalty_cuda_impl<scalar_t>(qc, xc, row_offset, static_cast<int32_t>(p), with_grad, out);
+    gram_offdiag_penalty_cuda_impl<scalar_t>(qc, xc, row_offset, static_cast<int32_t>(p), with_grad, rounding,
+                                             out);
   });
   return out;
 }

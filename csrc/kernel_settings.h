@@ -10,10 +10,15 @@ namespace repcap {
 // How float32 dot products are formed, the `precision` argument of every op.
 //   kHighest: float32 FMA (IEEE float32 products and sums; no tensor cores for float32).
 //   kTF32:    float32 inputs rounded to TF32 on tensor cores (10-bit mantissa), float32 sums.
+//   kBF16:    float32 operands rounded to bfloat16 (7-bit mantissa), exact products, float32
+//             sums. gram_offdiag_penalty only (the packing optimizer's steps); the other ops
+//             refuse it.
 // bfloat16/float16 inputs always use exact products with float32 accumulation, and float64
-// inputs float64 arithmetic, whatever the precision.
-enum class Precision : int32_t { kHighest = 0, kTF32 = 1 };
-constexpr int32_t kPrecisionCount = 2;
+// inputs float64 arithmetic, whatever the precision. The CPU has no tensor cores: its
+// gram_offdiag_penalty emulates kTF32 and kBF16 by rounding the GEMM operands
+// (csrc/operand_rounding.h); its other ops form float32 products in IEEE float32 at any precision.
+enum class Precision : int32_t { kHighest = 0, kTF32 = 1, kBF16 = 2 };
+constexpr int32_t kPrecisionCount = 3;
 
 namespace limits {
 

@@ -13,6 +13,7 @@
 #include "gram_offdiag_penalty_epilogue.h"
 #include "grassmann_normals.h"
 #include "kernel_settings.h"
+#include "operand_rounding.h"
 #include "pairwise_cosine_stats_epilogue.h"
 #include "subspace_pga_epilogue.h"
 #include "cpu/subspace_pga_cpu.h"
@@ -24,12 +25,13 @@
 //                            counts int64[3] = pairs, below lo, above hi; hist int64[bins])
 //   over c_ij = clamp(a_i·b_j·inv_a_i·inv_b_j, −1, 1), pairs i<j of a (b absent) or all i, j.
 //
-// gram_offdiag_penalty(q m×d, x k×d, row_offset, p, with_grad) -> (row_max [m] x.dtype,
-//     row_sum float64[m], grad_dir [m, d] or [0])
+// gram_offdiag_penalty(q m×d, x k×d, row_offset, p, with_grad, precision) -> (row_max [m]
+//     x.dtype, row_sum float64[m], grad_dir [m, d] or [0])
 //   for the rows q_r = x_{row_offset + r} against all rows of x, g = q xᵀ never materialized:
 //   row_max_r = max_{j≠i} |g_rj|, row_sum_r = Σ_{j≠i} (|g_rj|/row_max_r)^p,
 //   grad_dir_r = Σ_{j≠i} sign(g_rj)(|g_rj|/row_max_r)^(p−1) x_j, with i = row_offset + r.
-//   The square penalty of x is q = x, row_offset = 0.
+//   The square penalty of x is q = x, row_offset = 0. precision (float32 x): the operands of both
+//   GEMMs (x, and the weights sign(g)(|g|/row_max)^(p−1)) rounded to TF32 or bfloat16, or not.
 //
 // subspace_pga_ranks(x N×d) -> float64[N(N−1)/2]: average ranks of the cosine distances of x's
 //   rows, pairs in SciPy's condensed order.
@@ -45,7 +47,7 @@ TORCH_LIBRARY(repcap_fast, m) {
       "pairwise_cosine_stats(Tensor a, Tensor a_inv_norm, Tensor? b, Tensor? b_inv_norm, "
       "int bins, float lo, float hi, int precision) -> (Tensor, Tensor, Tensor)");
   m.def(
-      "gram_offdiag_penalty(Tensor q, Tensor x, int row_offset, int p, bool with_grad) "
+      "gram_offdiag_penalty(Tensor q, Tensor x, int row_offset, int p, bool with_grad, int precision) "
       "-> (Tensor, Tensor, Tensor)");
   m.def("subspace_pga_ranks(Tensor x) -> Tensor");
   m.def("subspace_pga_rhos(Tensor x, Tensor bases, Tensor ref_ranks) -> Tensor");
@@ -81,6 +83,7 @@ py::dict build_info() {
   py::dict precisions;  // the `precision` argument's codes
   precisions["highest"] = static_cast<int32_t>(repcap::Precision::kHighest);
   precisions["tf32"] = static_cast<int32_t>(repcap::Precision::kTF32);
+  precisions["bf16"] = static_cast<int32_t>(repcap::Precision::kBF16);
   info["precisions"] = precisions;
   return info;
 }
@@ -131,6 +134,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const auto r = repcap::penalty_rescale(m_old, m_new, p);
     return std::make_tuple(r.inv_max, r.alpha, r.beta);
   });
+  // The operand rounding of the reduced precisions (the CPU emulation and the CUDA epilogue).
+  m.def("_round_to_tf32", &repcap::round_to_tf32);
+  m.def("_round_to_bf16", &repcap::round_to_bf16);
   // Grassmann draws: the Philox4x32-10 words of one counter and key, and one group's normals.
   m.def("_philox4x32_10", [](uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
     const auto r = repcap::philox::philox4x32_10(c0, c1, c2, c3, k0, k1);

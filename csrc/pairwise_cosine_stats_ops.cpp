@@ -75,6 +75,9 @@ void check_inputs(const at::Tensor& a, const at::Tensor& a_inv_norm,
   TORCH_CHECK(lo < hi, "pairwise_cosine_stats: histogram range needs lo < hi");
   TORCH_CHECK(precision >= 0 && precision < repcap::kPrecisionCount, "pairwise_cosine_stats: unknown precision code ",
               precision);
+  TORCH_CHECK(precision != static_cast<int64_t>(repcap::Precision::kBF16),
+              "pairwise_cosine_stats: precision bf16 is gram_offdiag_penalty's (the packing steps); this op takes "
+              "highest or tf32");
 }
 
 int64_t pair_count(int64_t m, int64_t n, bool self_pairs) {

@@ -41,6 +41,10 @@ AUTO_ORDER = {"cuda": ("cuda", "triton"), "cpu": ("cpu",)}  # then "torch", the 
 # and sums; "tf32": float32 inputs rounded to TF32 on GPU tensor cores (10-bit mantissa). 16-bit
 # inputs always use exact products with float32 sums, float64 inputs float64; the CPU has no TF32.
 PRECISIONS = ("highest", "tf32")
+# gram_offdiag_penalty (the packing optimizer's steps) also takes "bf16": float32 operands rounded
+# to bfloat16 (7-bit mantissa), exact products, float32 sums. Its CPU kernel emulates "tf32" and
+# "bf16" by rounding the GEMM operands (csrc/operand_rounding.h); see csrc/kernel_settings.h.
+PENALTY_PRECISIONS = ("highest", "tf32", "bf16")
 
 # KERNELS[op][backend] -> the backend launcher of op (filled by the op modules at import).
 KERNELS: Dict[str, Dict[str, Callable]] = {op: {} for op in OPS}
@@ -128,9 +132,13 @@ def kernel_limits() -> KernelLimits:
     return KernelLimits(**{field: int(limits[field]) for field in KernelLimits._fields})
 
 
-def check_precision(precision) -> str:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+def check_precision(precision, allowed: Tuple[str, ...] = PRECISIONS) -> str:
+    """`precision` when it is one of `allowed` (PRECISIONS, or PENALTY_PRECISIONS for the penalty),
+    else a ValueError naming the argument and the choices."""
+    if precision not in allowed:
+        extra = ("; 'bf16' is gram_offdiag_penalty's and the packing optimizer's only"
+                 if precision == "bf16" and "bf16" not in allowed else "")
+        raise ValueError(f"precision must be one of {allowed}, got {precision!r}{extra}")
     return precision
 
 
@@ -139,16 +147,17 @@ def precision_code(precision: str) -> int:
     codes = build_info().get("precisions")
     if codes is None:
         raise BackendUnavailableError(f"repcap_fast._C is not built ({_compiled()[1]}). {_BUILD_HINT}")
-    return int(codes[check_precision(precision)])
+    return int(codes[check_precision(precision, PENALTY_PRECISIONS)])
 
 
 @contextlib.contextmanager
 def cublas_precision(precision: str, device: torch.device) -> Iterator[None]:
     """Inside: float32 GEMMs that torch runs through cuBLAS on `device` use IEEE float32
-    ("highest") or TF32 ("tf32"), whatever the process-wide setting; restored on exit. Nothing
-    changes for CPU tensors. Uses torch's fp32_precision setting when this torch has it (2.9+;
-    mixing it with the legacy setting makes torch.get_float32_matmul_precision() raise)."""
-    check_precision(precision)
+    ("highest") or TF32 tensor cores ("tf32", and "bf16", whose operands the kernels have rounded
+    to bfloat16 already: TF32 holds them exactly), whatever the process-wide setting; restored on
+    exit. Nothing changes for CPU tensors. Uses torch's fp32_precision setting when this torch has
+    it (2.9+; mixing it with the legacy setting makes torch.get_float32_matmul_precision() raise)."""
+    check_precision(precision, PENALTY_PRECISIONS)
     if device.type != "cuda":
         yield
         return
@@ -171,11 +180,11 @@ def cublas_precision(precision: str, device: torch.device) -> Iterator[None]:
 
 def triton_input_precision(precision: str, dtype: torch.dtype) -> str:
     """tl.dot's input_precision for float32 operands at `precision` ("ieee" or "tf32"); 16-bit
-    operands get "tf32" (Triton's default, which does not apply to them), float64 operands
-    "ieee"."""
+    operands, and "bf16" (whose kernels cast the operands to bfloat16 first), get "tf32"
+    (Triton's default, which does not apply to them), float64 operands "ieee"."""
     if dtype != torch.float32:
         return "tf32" if dtype in (torch.float16, torch.bfloat16) else "ieee"
-    return "ieee" if check_precision(precision) == "highest" else "tf32"
+    return "ieee" if check_precision(precision, PENALTY_PRECISIONS) == "highest" else "tf32"
 
 
 def built() -> dict:

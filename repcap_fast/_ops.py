@@ -23,7 +23,7 @@ if _C is not None:
         )
 
     @torch.library.register_fake("repcap_fast::gram_offdiag_penalty")
-    def _gram_offdiag_penalty_fake(q, x, row_offset, p, with_grad):
+    def _gram_offdiag_penalty_fake(q, x, row_offset, p, with_grad, precision):
         m, d = q.shape
         return (
             q.new_empty(m),

@@ -97,7 +97,8 @@ def test_limits_and_precision_codes_come_from_the_compiled_module():
     info = rf._C.build_info()
     assert _backends.kernel_limits()._asdict() == dict(info["limits"]) == rf.info()["limits"]
     assert info["limits"]["pga_tokens"] * (info["limits"]["pga_tokens"] - 1) < 2**32
-    assert {p: _backends.precision_code(p) for p in _backends.PRECISIONS} == dict(info["precisions"])
+    assert {p: _backends.precision_code(p) for p in _backends.PENALTY_PRECISIONS} == dict(info["precisions"])
+    assert set(_backends.PRECISIONS) < set(_backends.PENALTY_PRECISIONS)
     with pytest.raises(ValueError, match="precision must be one of"):
         _backends.precision_code("medium")
 
@@ -187,7 +188,7 @@ def test_old_module_constants_keep_their_values():
     assert penalty.MAX_P == 1 << 30 and penalty.check_p(30.0) == 30
     with pytest.raises(ValueError, match="1073741824"):
         penalty.check_p((1 << 30) + 1)
-    assert rf.packing.SWEEP_FORMAT == "repcap_fast.packing.sweep/2"  # /1 files are still read (as method "paper")
+    assert rf.packing.SWEEP_FORMAT == "repcap_fast.packing.sweep/3"  # /1 and /2 files are still read
 
 
 @pytest.mark.parametrize("module,name,new", [

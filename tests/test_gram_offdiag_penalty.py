@@ -3,6 +3,7 @@ reference (the paper's formulation with autograd); the row-block form, the per-r
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from _helpers import (
     device_backends,
     extra_peak_bytes,
     gpu_backend_built,
+    grad_magnitude,
     loss_and_grad,
     random_x,
     reference64,
@@ -228,9 +230,10 @@ def test_gram_offdiag_max(device, backend, normalize):
 def test_op_passes_opcheck():
     x = random_x(33, 7, torch.float32)
     x = x / x.norm(dim=1, keepdim=True)
+    op_ = torch.ops.repcap_fast.gram_offdiag_penalty.default
     for with_grad in (True, False):
-        torch.library.opcheck(torch.ops.repcap_fast.gram_offdiag_penalty.default, (x, x, 0, 8, with_grad))
-        torch.library.opcheck(torch.ops.repcap_fast.gram_offdiag_penalty.default, (x[3:9].clone(), x, 3, 8, with_grad))
+        torch.library.opcheck(op_, (x, x, 0, 8, with_grad, 0))
+        torch.library.opcheck(op_, (x[3:9].clone(), x, 3, 8, with_grad, 2))  # precision bf16
 
 
 def test_peak_memory_is_linear_in_k():
@@ -349,7 +352,7 @@ def test_no_gradient_work_without_autograd(monkeypatch):
 def test_ops_take_tensors_that_require_grad():
     # The registered ops read values only (an out= GEMM inside an OpenMP loop used to abort).
     x = random_x(300, 8).requires_grad_(True)
-    row_max, _, grad_dir = torch.ops.repcap_fast.gram_offdiag_penalty(x, x, 0, 4, True)
+    row_max, _, grad_dir = torch.ops.repcap_fast.gram_offdiag_penalty(x, x, 0, 4, True, 0)
     assert torch.isfinite(grad_dir).all() and torch.isfinite(row_max).all()
     inv = 1 / x.detach().norm(dim=1)
     moments, counts, _ = torch.ops.repcap_fast.pairwise_cosine_stats(x, inv, None, None, 16, -1.0, 1.0, 0)
@@ -390,20 +393,145 @@ def test_row_block_arguments_are_checked():
         with pytest.raises(ValueError, match="row_start < row_stop"):
             rf.gram_offdiag_penalty_block(X, start, stop, 4, backend="cpu")
     with pytest.raises(RuntimeError, match="must lie in x's 20 rows"):
-        torch.ops.repcap_fast.gram_offdiag_penalty(X[:10], X, 15, 4, True)
+        torch.ops.repcap_fast.gram_offdiag_penalty(X[:10], X, 15, 4, True, 0)
     with pytest.raises(RuntimeError, match="share dtype"):
-        torch.ops.repcap_fast.gram_offdiag_penalty(X[:10].double(), X, 0, 4, True)
+        torch.ops.repcap_fast.gram_offdiag_penalty(X[:10].double(), X, 0, 4, True, 0)
     with pytest.raises(RuntimeError, match=r"p must be in \[1, 1073741824\]"):
-        torch.ops.repcap_fast.gram_offdiag_penalty(X, X, 0, 0, True)
+        torch.ops.repcap_fast.gram_offdiag_penalty(X, X, 0, 0, True, 0)
+    with pytest.raises(RuntimeError, match="unknown precision code 3"):
+        torch.ops.repcap_fast.gram_offdiag_penalty(X, X, 0, 4, True, 3)
 
 
-def test_precision_is_checked_and_the_cpu_has_no_tf32():
+def test_precision_is_checked():
     X = random_x(40, 6)
     with pytest.raises(ValueError, match="precision must be one of"):
         rf.gram_offdiag_penalty(X, 4, precision="high")
-    a = rf.gram_offdiag_penalty_block(X, 0, 40, 4, backend="cpu", precision="highest")
-    b = rf.gram_offdiag_penalty_block(X, 0, 40, 4, backend="cpu", precision="tf32")
-    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    with pytest.raises(ValueError, match="precision must be one of"):  # ε* is a measurement: no bf16
+        rf.gram_offdiag_max(X, precision="bf16")
+
+
+def rounded64(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """float32 values x rounded to TF32 (11 significant bits, to nearest, ties away from zero) or
+    bfloat16 (8 bits, to nearest, ties to even), in float64 arithmetic from frexp: independent
+    of the kernels' bit arithmetic. Subnormals keep the fixed quantum of the smallest exponent."""
+    bits = 11 if precision == "tf32" else 8
+    v = x.double().numpy()
+    mant, exp = np.frexp(v)
+    exp = np.maximum(exp, -125)  # 2^-126 = 0.5·2^-125, the smallest normal
+    scaled = np.abs(v) * np.exp2(bits - exp)
+    if precision == "tf32":
+        r = np.floor(scaled + 0.5)
+    else:
+        r = np.round(scaled)  # half to even
+    out = np.where(np.isfinite(v), np.copysign(r * np.exp2(exp - bits), v), v)
+    return torch.from_numpy(out)
+
+
+def float32_values_to_round(precision: str) -> torch.Tensor:
+    """Normals over many scales, exact ties (both parities), subnormals, ±0, the largest finite
+    float32 (rounds to inf), ±inf and NaN."""
+    g = torch.Generator().manual_seed(5)
+    scales = torch.exp2(torch.randint(-140, 127, (3000,), generator=g).double())
+    normal = (torch.randn(3000, generator=g, dtype=torch.float64) * scales).float()
+    raw = torch.randint(0, 2**31, (2000,), generator=g, dtype=torch.int64)
+    drop = 13 if precision == "tf32" else 16
+    tie = (raw >> drop << drop) | (1 << (drop - 1))  # exactly half an ulp of the format below
+    tie = tie[((tie >> 23) & 0xFF) != 0xFF].to(torch.int32).view(torch.float32)  # finite ones
+    special = torch.tensor([0.0, -0.0, 1e-45, -3e-39, 1.1754942e-38, 3.4028235e38, -3.4028235e38, float("inf"),
+                            -float("inf"), float("nan"), 1.0, -1.0], dtype=torch.float32)
+    return torch.cat([normal, tie, -tie, special])
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_operand_rounding_matches_an_independent_reference(precision):
+    hook = rf._C._round_to_tf32 if precision == "tf32" else rf._C._round_to_bf16
+    x = float32_values_to_round(precision)
+    got = torch.tensor([hook(float(v)) for v in x], dtype=torch.float32)
+    want = rounded64(x, precision).float()
+    nan = torch.isnan(x)
+    assert torch.isnan(got[nan]).all()
+    assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+    assert float(got[x == 3.4028235e38][0]) == float("inf")  # past the largest finite value
+    if precision == "bf16":  # what torch's float32 → bfloat16 conversion gives (the CUDA path's cast)
+        torch_bf16 = x.to(torch.bfloat16).float()
+        assert torch.equal(got[~nan].view(torch.int32), torch_bf16[~nan].view(torch.int32))
+
+
+def unit_rows32(X: torch.Tensor) -> torch.Tensor:
+    """The row-normalized X as the op forms it: divided in float64, rounded once to float32."""
+    x = X.detach().cpu().double()
+    return (x / x.norm(dim=1, keepdim=True)).float()
+
+
+@pytest.mark.parametrize("device,backend", device_backends(kernels_only=True))
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize("p", [2, 8])
+def test_reduced_precision_forms_the_gram_of_rounded_operands(device, backend, precision, p):
+    """At "tf32"/"bf16" the loss is the float64 penalty of the unit rows rounded to that format
+    (to float32 summation error), and visibly not the "highest" loss. On the CPU and under the
+    interpreter this is the emulation; on CUDA the cuda backend rounds x itself and Triton casts
+    to bfloat16, while Triton's TF32 is the hardware's conversion (compared at its unit roundoff)."""
+    gpu_backend_built(backend)
+    X = random_x(130, 33)
+    xr = rounded64(unit_rows32(X), precision)
+    g = (xr @ xr.T).fill_diagonal_(0.0)
+    ref = float(g.abs().pow(p).sum())
+    _, rows = rf.gram_offdiag_row_stats(X.to(device), p, backend=backend, precision=precision)
+    _, rows_high = rf.gram_offdiag_row_stats(X.to(device), p, backend=backend, precision="highest")
+    tol = 2e-6 if device == "cpu" else p * 33 * 2.0**-23  # tensor cores may truncate their float32 sums
+    if device == "cuda" and backend == "triton" and precision == "tf32":
+        tol = 2 * p * 2.0**-10
+    assert float(rows.sum()) == pytest.approx(ref, rel=tol)
+    if device == "cpu":
+        assert abs(float(rows_high.sum()) - ref) > 10 * tol * ref
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_reduced_precision_rounds_the_weights_of_the_gradient(precision):
+    """The gradient's second GEMM also takes rounded operands: with k ≤ 512 (one CPU tile, whose
+    running maximum is the row maximum m_i), grad_dir_i = Σ_j round(sign(g_ij)(|g_ij|/m_i)^(p−1))·x̂r_j
+    with x̂r the rounded unit rows. The op's result lies far closer to that than to the same sum
+    with the weights unrounded."""
+    p = 8
+    X = random_x(300, 24)
+    xr32 = rounded64(unit_rows32(X), precision).float()
+    _, _, grad_dir = torch.ops.repcap_fast.gram_offdiag_penalty(
+        xr32, xr32, 0, p, True, rf._backends.precision_code(precision))
+    g = (xr32 @ xr32.T).double().fill_diagonal_(0.0)  # the op's float32 Gram entries, as float64
+    m = g.abs().amax(dim=1, keepdim=True)
+    w = torch.sign(g) * (g.abs() / m).pow(p - 1)
+    w_rounded = rounded64(w.float(), precision)
+    x64 = xr32.double()
+    err_rounded = float((grad_dir.double() - w_rounded @ x64).norm())
+    err_unrounded = float((grad_dir.double() - w @ x64).norm())
+    assert err_rounded < 0.1 * err_unrounded, (err_rounded, err_unrounded)
+
+
+@pytest.mark.parametrize("device,backend", device_backends(kernels_only=True))
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize("path", ["fused", "panel"])
+def test_reduced_precision_gradient_is_within_the_formats_rounding(monkeypatch, device, backend, precision, path):
+    """Loss and gradient at "tf32"/"bf16" against the float64 reference: within a few unit
+    roundoffs of the format (2^-11, 2^-8) times the size of the summed terms, on every path
+    (Triton's panel path forced with several row and column panels)."""
+    gpu_backend_built(backend)
+    if path == "panel":
+        if backend != "triton":
+            pytest.skip("the panel path is Triton's")
+        from repcap_fast.triton_kernels import gram_offdiag_penalty as tk
+
+        monkeypatch.setattr(tk, "FUSED_MAX_D", {torch.float32: 0, torch.float64: 0})
+        monkeypatch.setattr(tk, "PANEL_COLS", 64)
+        monkeypatch.setattr(tk, "PANEL_MAX_ELEMS", 96 * 64)
+    X = random_x(203, 37)
+    ref_loss, ref_grad = reference64(X, 8, True)
+    Xg = X.to(device).clone().requires_grad_(True)
+    loss = rf.gram_offdiag_penalty(Xg, 8, backend=backend, precision=precision)
+    loss.backward()
+    unit = 2.0**-11 if precision == "tf32" else 2.0**-8
+    scale = grad_magnitude(X, 8, True)
+    assert float(loss.detach()) == pytest.approx(float(ref_loss), rel=8 * 8 * unit)
+    assert float((Xg.grad.cpu().double() - ref_grad).abs().max()) <= 8 * unit * scale
 
 
 @pytest.mark.gpu

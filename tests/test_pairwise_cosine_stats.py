@@ -59,6 +59,64 @@ def test_rectangular_a_by_b(device, backend, dtype, m, n, d):
     assert_matches(stats, cosines64(a, b), dtype=kernel_dtype(backend, dtype))
 
 
+@pytest.mark.parametrize("device,backend", device_backends(cpu=["triton"], gpu=["triton"]))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("window", [256, 8])
+@pytest.mark.parametrize("shape", [(300, None, 24), (97, 1, 64), (130, 259, 33)], ids=["self", "one-col", "rect"])
+def test_triton_grouped_variant_matches_the_reference(monkeypatch, device, backend, dtype, window, shape):
+    """The grouped Triton kernel (super-tile order, per-tile partials, windowed histogram; window 8
+    drives the pairs beyond the window through their own atomics) against float64; under the
+    interpreter its integer counts, min and max are the strided kernel's, bitwise (the same tiles,
+    so the same cosines)."""
+    from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
+
+    m, n, d = shape
+    a = random_matrix(m, d, dtype, seed=3)
+    b = None if n is None else random_matrix(n, d, dtype, seed=4)
+    monkeypatch.setattr(tk, "WINDOW", window)
+    monkeypatch.setenv(tk.KERNEL_ENV, "grouped")
+    got = rf.pairwise_cosine_stats(a.to(device), None if b is None else b.to(device), backend=backend,
+                                   bins=1000, range=(-0.6, 0.7))
+    assert_matches(got, cosines64(a, b), dtype=dtype, bins=1000, lo=-0.6, hi=0.7)
+    if device == "cpu":
+        monkeypatch.setenv(tk.KERNEL_ENV, "strided")
+        strided = rf.pairwise_cosine_stats(a, b, backend=backend, bins=1000, range=(-0.6, 0.7))
+        assert torch.equal(got.hist, strided.hist) and (got.below, got.above) == (strided.below, strided.above)
+        assert (got.min, got.max) == (strided.min, strided.max)
+        monkeypatch.setenv(tk.KERNEL_ENV, "grouped")
+        again = rf.pairwise_cosine_stats(a, b, backend=backend, bins=1000, range=(-0.6, 0.7))
+        assert (again.sum, again.sum_sq) == (got.sum, got.sum_sq)  # bitwise repeatable
+
+
+@pytest.mark.parametrize("self_pairs", [True, False])
+@pytest.mark.parametrize("rows,cols,group", [(1, 1, 2), (7, 7, 2), (9, 13, 4), (40, 40, 16), (3, 50, 16)])
+def test_grouped_tile_order_is_a_permutation_in_super_tiles(self_pairs, rows, cols, group):
+    from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
+
+    if self_pairs:
+        cols = rows
+    order = tk._grouped_order_cpu(rows, cols, self_pairs, group)
+    tiles = [tuple(t) for t in order.tolist()]
+    want = {(i, j) for i in range(rows) for j in range(cols) if not self_pairs or i <= j}
+    assert len(tiles) == len(want) and set(tiles) == want
+    supers = [(i // group, j // group) for i, j in tiles]
+    # each super-tile's tiles are consecutive, and super-tiles come row-major
+    runs = [s for k, s in enumerate(supers) if k == 0 or s != supers[k - 1]]
+    assert len(runs) == len(set(supers)) and runs == sorted(runs)
+
+
+def test_triton_kernel_variant_is_chosen_by_name(monkeypatch):
+    from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
+
+    monkeypatch.delenv(tk.KERNEL_ENV, raising=False)
+    assert tk.kernel_variant(torch.bfloat16) == tk.AUTO_VARIANT[torch.bfloat16]
+    monkeypatch.setenv(tk.KERNEL_ENV, "grouped")
+    assert tk.kernel_variant(torch.float32) == "grouped"
+    monkeypatch.setenv(tk.KERNEL_ENV, "fastest")
+    with pytest.raises(ValueError, match="REPCAP_TRITON_STATS_KERNEL must be 'auto' or one of"):
+        tk.kernel_variant(torch.float32)
+
+
 @pytest.mark.parametrize("device,backend", device_backends())
 @pytest.mark.parametrize("bins,value_range", [(100, (-0.2, 0.25)), (1, (-0.3, 0.35)), (37, (-0.23, 0.31)),
                                               (20000, (-0.3, 0.35))])
@@ -245,9 +303,13 @@ def test_op_rejects_an_unknown_precision_code():
     a = random_matrix(20, 4, torch.float32)
     inv = (1 / a.double().norm(dim=1)).float()
     with pytest.raises(RuntimeError, match="unknown precision code"):
+        torch.ops.repcap_fast.pairwise_cosine_stats(a, inv, None, None, 8, -1.0, 1.0, 3)
+    with pytest.raises(RuntimeError, match="precision bf16 is gram_offdiag_penalty's"):
         torch.ops.repcap_fast.pairwise_cosine_stats(a, inv, None, None, 8, -1.0, 1.0, 2)
     with pytest.raises(ValueError, match="precision must be one of"):
         rf.pairwise_cosine_stats(a, precision="high")
+    with pytest.raises(ValueError, match="'bf16' is gram_offdiag_penalty's and the packing optimizer's only"):
+        rf.pairwise_cosine_stats(a, precision="bf16")
 
 
 # --- TF32 and the GPU ------------------------------------------------------------------------------
@@ -299,8 +361,11 @@ def test_minilm_cpu_matches_reference(minilm_embeddings, minilm_reference):
 
 @pytest.mark.slow
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cuda", "triton"])
-def test_minilm_gpu_matches_reference(minilm_embeddings, minilm_reference, backend):
+@pytest.mark.parametrize("backend", ["cuda", "triton", "triton-grouped"])
+def test_minilm_gpu_matches_reference(minilm_embeddings, minilm_reference, backend, monkeypatch):
+    if backend == "triton-grouped":
+        monkeypatch.setenv("REPCAP_TRITON_STATS_KERNEL", "grouped")
+        backend = "triton"
     gpu_backend_built(backend)
     e, ref = minilm_embeddings, minilm_reference
     mean_ref = ref["sum"] / ref["count"]

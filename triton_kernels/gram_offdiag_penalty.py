@@ -25,6 +25,10 @@ Kernels:
 
 Everything is bitwise repeatable: fixed reduction orders, no float atomics. Integer powers by
 repeated squaring with a runtime exponent (one compiled kernel serves every p).
+
+Precision (float32 x): "highest" IEEE float32 dots; "tf32" TF32 tensor cores; "bf16" both dots'
+operands (x, and the weights) cast to bfloat16, float32 accumulation. Under the interpreter the
+operands are rounded explicitly instead (see _operand), as the C++ CPU kernel emulates them.
 """
 
 import math
@@ -85,11 +89,35 @@ def _rescale(m_old, m_new, e, nbits):
     return power, power * ratio
 
 
-# G = X[rows] X[cols]ᵀ, accumulated over d in BLOCK_K steps in x's dtype (float32 or float64).
+# A dot operand v (float32 or float64) in the format of the op's precision (ROUNDING, see
+# _operand_rounding): "none" as loaded (IEEE, or TF32 by the tensor cores when INPUT_PRECISION is
+# "tf32"); "bf16" cast to bfloat16 (round to nearest even; exact products, float32 sums). Under the
+# interpreter the rounding is done here in the bits and the values stay float32, as
+# csrc/operand_rounding.h does on the CPU: its tl.dot ignores input_precision and returns garbage
+# for bfloat16 operands, and its float32 → bfloat16 cast truncates. "tf32_rna": to TF32 (nearest,
+# ties away from zero); "bf16_rne": to bfloat16 (nearest, ties to even). NaN and ±Inf pass through.
+@triton.jit
+def _operand(v, ROUNDING: tl.constexpr):
+    if ROUNDING == "bf16":
+        return v.to(tl.bfloat16)
+    elif ROUNDING == "tf32_rna" or ROUNDING == "bf16_rne":
+        u = v.to(tl.uint32, bitcast=True)
+        if ROUNDING == "tf32_rna":
+            rounded = (u + 0x1000) & 0xFFFFE000
+        else:
+            rounded = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+        special = (u & 0x7F800000) == 0x7F800000
+        return tl.where(special, v, rounded.to(tl.float32, bitcast=True))
+    else:
+        return v
+
+
+# G = X[rows] X[cols]ᵀ, accumulated over d in BLOCK_K steps in x's dtype (float32 or float64),
+# the operands in the format of ROUNDING.
 @triton.jit
 def _gram_tile(x_ptr, rows, cols, row_ok, col_ok, d, stride_x,
-               INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr):
+               INPUT_PRECISION: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     offs_k = tl.arange(0, BLOCK_K)
     a_base = x_ptr + rows.to(tl.int64)[:, None] * stride_x
     b_base = x_ptr + cols.to(tl.int64)[:, None] * stride_x
@@ -99,7 +127,8 @@ def _gram_tile(x_ptr, rows, cols, row_ok, col_ok, d, stride_x,
         k_ok = ks < d
         a = tl.load(a_base + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_base + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        g = tl.dot(a, tl.trans(b), g, input_precision=INPUT_PRECISION, out_dtype=g.dtype)
+        g = tl.dot(_operand(a, ROUNDING), tl.trans(_operand(b, ROUNDING)), g, input_precision=INPUT_PRECISION,
+                   out_dtype=g.dtype)
     return g
 
 
@@ -138,7 +167,7 @@ def _weights_and_sums(g, m, pm1, nbits):
 def _gram_offdiag_forward_kernel(
     x_ptr, k, row_offset, m, d, stride_x, p, pbits,
     row_max_ptr, row_sum_ptr,
-    INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -150,7 +179,7 @@ def _gram_offdiag_forward_kernel(
     for col0 in range(0, k, BLOCK_N):
         cols = col0 + tl.arange(0, BLOCK_N)
         g = _gram_tile(x_ptr, rows, cols, row_ok, cols < k, d, stride_x,
-                       INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+                       INPUT_PRECISION, ROUNDING, BLOCK_M, BLOCK_N, BLOCK_K)
         a = tl.abs(_offdiag(g, rows, cols, k))
         m_new = tl.maximum(mx, tl.max(a, axis=1))
         terms = _powi(_ratio(a, m_new, _safe_inv(m_new)), p, pbits)
@@ -164,13 +193,13 @@ def _gram_offdiag_forward_kernel(
 # As the forward kernel, plus the gradient direction with X_I and the accumulator in registers
 # (d ≤ BLOCK_D):
 #   w_ij = sign(G_ij)·min(a_ij/m', 1)^(p-1) (0 where a_ij = 0),
-#   acc ← acc·(m/m')^(p-1) + W X_J.
+#   acc ← acc·(m/m')^(p-1) + W X_J     (the operands of both dots in the format of ROUNDING).
 # Out: grad[r, :d] = acc_i.
 @triton.jit(do_not_specialize=["k", "row_offset", "m", "pm1", "nbits"])
 def _gram_offdiag_fused_kernel(
     x_ptr, k, row_offset, m, d, stride_x, pm1, nbits,
     row_max_ptr, row_sum_ptr, grad_ptr, stride_grad,
-    INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -180,15 +209,15 @@ def _gram_offdiag_fused_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < d
     dtype = x_ptr.dtype.element_ty
-    xi = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_x + offs_d[None, :],
-                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    xi = _operand(tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_x + offs_d[None, :],
+                          mask=row_ok[:, None] & d_ok[None, :], other=0.0), ROUNDING)
     mx = tl.zeros([BLOCK_M], dtype=dtype)
     s = tl.zeros([BLOCK_M], dtype=tl.float64)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=dtype)
     for col0 in range(0, k, BLOCK_N):
         cols = col0 + tl.arange(0, BLOCK_N)
-        xj = tl.load(x_ptr + cols.to(tl.int64)[:, None] * stride_x + offs_d[None, :],
-                     mask=(cols < k)[:, None] & d_ok[None, :], other=0.0)
+        xj = _operand(tl.load(x_ptr + cols.to(tl.int64)[:, None] * stride_x + offs_d[None, :],
+                              mask=(cols < k)[:, None] & d_ok[None, :], other=0.0), ROUNDING)
         g = tl.dot(xi, tl.trans(xj), tl.zeros([BLOCK_M, BLOCK_N], dtype=dtype),
                    input_precision=INPUT_PRECISION, out_dtype=dtype)
         g = _offdiag(g, rows, cols, k)
@@ -196,7 +225,8 @@ def _gram_offdiag_fused_kernel(
         w, sums = _weights_and_sums(g, m_new, pm1, nbits)
         beta, alpha = _rescale(mx, m_new, pm1, nbits)
         s = s * alpha + sums
-        acc = tl.dot(w, xj, acc * beta.to(dtype)[:, None], input_precision=INPUT_PRECISION, out_dtype=dtype)
+        acc = tl.dot(_operand(w, ROUNDING), xj, acc * beta.to(dtype)[:, None], input_precision=INPUT_PRECISION,
+                     out_dtype=dtype)
         mx = m_new
     tl.store(row_max_ptr + local, mx, mask=row_ok)
     tl.store(row_sum_ptr + local, s, mask=row_ok)
@@ -212,7 +242,7 @@ def _gram_offdiag_fused_kernel(
 def _gram_panel_kernel(
     x_ptr, k, d, stride_x, row0, col0, n_col_tiles, pm1, nbits,
     w_ptr, stride_w, tmax_ptr, tsum_ptr, stride_t,
-    INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -223,7 +253,7 @@ def _gram_panel_kernel(
     rows = row0 + lrows
     cols = col0 + lcols
     g = _gram_tile(x_ptr, rows, cols, rows < k, cols < k, d, stride_x,
-                   INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+                   INPUT_PRECISION, ROUNDING, BLOCK_M, BLOCK_N, BLOCK_K)
     g = _offdiag(g, rows, cols, k)
     t = tl.max(tl.abs(g), axis=1)
     w, sigma = _weights_and_sums(g, t, pm1, nbits)
@@ -273,13 +303,13 @@ def _panel_merge_kernel(
 
 # Panel step 3. Block (ib, db) of the gradient, panel rows i, columns c of the panel:
 #   acc[i, D] ← β_i·acc[i, D] + Σ_c γ_i,tile(c) W'_ic x_{col0+c, D}
-# (acc read only when not first). TILE_N (step 1's BLOCK_N) is a multiple of BLOCK_K, so one γ
-# per row and K step.
+# (acc read only when not first; the operands γ∘W' and x in the format of ROUNDING). TILE_N
+# (step 1's BLOCK_N) is a multiple of BLOCK_K, so one γ per row and K step.
 @triton.jit(do_not_specialize=["n_rows", "col0", "n_cols", "first"])
 def _panel_gemm_kernel(
     w_ptr, stride_w, gamma_ptr, stride_t, beta_ptr, x_ptr, stride_x, grad_ptr, stride_grad,
     n_rows, d, col0, n_cols, first,
-    INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr, TILE_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -301,7 +331,8 @@ def _panel_gemm_kernel(
         gam = tl.load(gamma_ptr + lrows64 * stride_t + c0 // TILE_N)
         xc = tl.load(x_ptr + (col0 + lc).to(tl.int64)[:, None] * stride_x + dcols[None, :],
                      mask=c_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = tl.dot(w * gam[:, None], xc, acc, input_precision=INPUT_PRECISION, out_dtype=dtype)
+        acc = tl.dot(_operand(w * gam[:, None], ROUNDING), _operand(xc, ROUNDING), acc,
+                     input_precision=INPUT_PRECISION, out_dtype=dtype)
     out = grad_ptr + lrows64[:, None] * stride_grad + dcols[None, :]
     out_ok = row_ok[:, None] & d_ok[None, :]
     has_state = (tl.full([BLOCK_M], first, tl.int32) == 0)[:, None]
@@ -364,6 +395,18 @@ def _panel_shape(m: int, k: int, dtype: torch.dtype, interp: bool, precision: st
     return rows, cols, triton.next_power_of_2(max_cols // col_q)
 
 
+def _operand_rounding(precision: str, dtype: torch.dtype, interp: bool) -> str:
+    """The kernels' ROUNDING for `precision` and x's dtype (see _operand): float64 and "highest"
+    are not rounded; "bf16" casts to bfloat16; "tf32" is the tensor cores' own on a GPU; the
+    interpreter rounds both explicitly, since its tl.dot computes in float32 whatever the input
+    precision."""
+    if dtype != torch.float32 or precision == "highest":
+        return "none"
+    if precision == "bf16":
+        return "bf16_rne" if interp else "bf16"
+    return "tf32_rna" if interp else "none"
+
+
 def _launch(x, row_offset, m, p, with_grad, row_max, row_sum, grad, precision, interp):
     """Runs the kernels for the rows [row_offset, row_offset + m) of x into the (poisoned)
     outputs of m rows. x contiguous, k, d ≥ 1. No host synchronization."""
@@ -371,12 +414,13 @@ def _launch(x, row_offset, m, p, with_grad, row_max, row_sum, grad, precision, i
     dtype = x.dtype
     pm1 = p - 1
     nbits = pm1.bit_length()
+    rounding = _operand_rounding(precision, dtype, interp)
     precision = input_precision(precision, dtype)
     if not with_grad:
         cfg = _config("gram", dtype, interp, precision)
         _gram_offdiag_forward_kernel[(triton.cdiv(m, cfg.block_m),)](
             x, k, row_offset, m, d, x.stride(0), p, p.bit_length(), row_max, row_sum,
-            INPUT_PRECISION=precision, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            INPUT_PRECISION=precision, ROUNDING=rounding, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return
@@ -385,7 +429,7 @@ def _launch(x, row_offset, m, p, with_grad, row_max, row_sum, grad, precision, i
         cfg = _config("fused", dtype, interp, precision, block_d)
         _gram_offdiag_fused_kernel[(triton.cdiv(m, cfg.block_m),)](
             x, k, row_offset, m, d, x.stride(0), pm1, nbits, row_max, row_sum, grad, grad.stride(0),
-            INPUT_PRECISION=precision, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
+            INPUT_PRECISION=precision, ROUNDING=rounding, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return
@@ -409,7 +453,7 @@ def _launch(x, row_offset, m, p, with_grad, row_max, row_sum, grad, precision, i
             _gram_panel_kernel[(triton.cdiv(n_rows, gram.block_m) * n_col_tiles,)](
                 x, k, d, x.stride(0), row_offset + r0, col0, n_col_tiles, pm1, nbits,
                 w, w.stride(0), tmax, tsum, tmax.stride(0),
-                INPUT_PRECISION=precision, BLOCK_M=gram.block_m, BLOCK_N=gram.block_n,
+                INPUT_PRECISION=precision, ROUNDING=rounding, BLOCK_M=gram.block_m, BLOCK_N=gram.block_n,
                 BLOCK_K=gram.block_k, num_warps=gram.num_warps, num_stages=gram.num_stages,
             )
             _panel_merge_kernel[(triton.cdiv(n_rows, merge.block_m),)](
@@ -421,7 +465,7 @@ def _launch(x, row_offset, m, p, with_grad, row_max, row_sum, grad, precision, i
             _panel_gemm_kernel[(triton.cdiv(n_rows, gemm.block_m) * triton.cdiv(d, gemm.block_n),)](
                 w, w.stride(0), gamma, gamma.stride(0), beta, x, x.stride(0), grad[r0:], grad.stride(0),
                 n_rows, d, col0, n_cols, first,
-                INPUT_PRECISION=precision, BLOCK_M=gemm.block_m, BLOCK_D=gemm.block_n,
+                INPUT_PRECISION=precision, ROUNDING=rounding, BLOCK_M=gemm.block_m, BLOCK_D=gemm.block_n,
                 BLOCK_K=gemm.block_k, TILE_N=gram.block_n,
                 num_warps=gemm.num_warps, num_stages=gemm.num_stages,
             )
@@ -431,8 +475,8 @@ def gram_offdiag_penalty_triton(q: torch.Tensor, x: torch.Tensor, row_offset: in
                                 precision: str = "highest"):
     """Launcher. The contract of torch.ops.repcap_fast.gram_offdiag_penalty (csrc/module.cpp):
     the rows q = x[row_offset : row_offset + m] (read from x) against all k rows of x, float32 or
-    float64 on a CUDA device (or the CPU under TRITON_INTERPRET=1), p ≥ 1, precision "highest" or
-    "tf32". Returns (row_max [m] x.dtype, row_sum [m] float64, grad_dir [m, d] x.dtype, or
+    float64 on a CUDA device (or the CPU under TRITON_INTERPRET=1), p ≥ 1, precision "highest",
+    "tf32" or "bf16". Returns (row_max [m] x.dtype, row_sum [m] float64, grad_dir [m, d] x.dtype, or
     x.new_empty(0) without with_grad) on x's device; see the module docstring for the math."""
     interp = interpreting()
     if x.dim() != 2 or q.dim() != 2 or q.shape[1] != x.shape[1]:

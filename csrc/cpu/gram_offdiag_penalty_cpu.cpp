@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "../operand_rounding.h"
+
 namespace repcap {
 namespace cpu {
 namespace {
@@ -154,6 +156,19 @@ T penalty_row_update(T* g, int64_t cols, int64_t diag, int32_t p, T* row_max, do
   *row_sum = *row_sum * rescale.alpha + terms;
   *row_max = m_new;
   return rescale.beta;
+}
+
+namespace {
+template <Precision kPrecision>
+REPCAP_CLONES void round_operands_as(float* v, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) v[j] = round_operand(v[j], kPrecision);
+}
+}  // namespace
+
+void round_operands(float* v, int64_t n, Precision precision) {
+  if (precision == Precision::kTF32) round_operands_as<Precision::kTF32>(v, n);
+  if (precision == Precision::kBF16) round_operands_as<Precision::kBF16>(v, n);
 }
 
 template float penalty_row_update<float>(float*, int64_t, int64_t, int32_t, float*, double*, bool);

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "../gram_offdiag_penalty_epilogue.h"
+#include "../kernel_settings.h"
 
 namespace repcap {
 namespace cpu {
@@ -17,6 +18,10 @@ namespace cpu {
 template <typename T>
 T penalty_row_update(T* g, int64_t cols, int64_t diag, int32_t p, T* row_max, double* row_sum,
                      bool write_weights);
+
+// v[0..n) ← round_operand(v, precision) (csrc/operand_rounding.h): the CPU emulation of the
+// tensor-core operand formats, applied to x and to each tile of weights before the GEMMs.
+void round_operands(float* v, int64_t n, Precision precision);
 
 }  // namespace cpu
 }  // namespace repcap

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "../gram_offdiag_penalty_epilogue.h"
+#include "../operand_rounding.h"
 #include "gram_offdiag_penalty_cuda.h"
 
 namespace repcap {
@@ -37,13 +38,13 @@ struct SumOp {
 // One block per panel row r:
 //   t = max_{c ≠ diag} |g_rc|,  m_new = max(m_old, t),  1/m_new,
 //   s ← s·(m_old/m_new)^p + Σ_c min(|g_rc|/m_new, 1)^p   (float64),
-//   g_rc ← sign(g_rc)·min(|g_rc|/m_new, 1)^(p-1)          (0 on the diagonal).
+//   g_rc ← round_operand(sign(g_rc)·min(|g_rc|/m_new, 1)^(p-1), rounding)   (0 on the diagonal).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     gram_offdiag_penalty_epilogue_kernel(T* __restrict__ g, int64_t ld, int64_t cols, int64_t row0,
                                          int64_t col0, int32_t p, T* __restrict__ row_max,
                                          double* __restrict__ row_sum, T* __restrict__ beta,
-                                         bool write_weights) {
+                                         bool write_weights, Precision rounding) {
   __shared__ double shared_sum[kThreads];
   __shared__ T shared_max[kThreads];
   __shared__ T shared_inv_max;
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(kThreads)
     const T v = (c == diag) ? T(0) : row[c];
     const PenaltyTerm<T> t = penalty_term(v, inv_max, p);
     local_sum += static_cast<double>(t.term);
-    if (write_weights) row[c] = t.weight;
+    if (write_weights) row[c] = round_operand(t.weight, rounding);
   }
   const double total = block_reduce(local_sum, shared_sum, SumOp());
   if (threadIdx.x == 0) {
@@ -83,29 +84,46 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 const char* launch(T* g, int64_t ld, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
                    int32_t p, T* row_max, double* row_sum, T* beta, bool write_weights,
-                   cudaStream_t stream) {
+                   Precision rounding, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return nullptr;
   if (rows > 0x7fffffffLL) return "gram_offdiag_penalty: too many rows in one panel";
   gram_offdiag_penalty_epilogue_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      g, ld, cols, row0, col0, p, row_max, row_sum, beta, write_weights);
+      g, ld, cols, row0, col0, p, row_max, row_sum, beta, write_weights, rounding);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
+// v_i ← round_operand(v_i, precision), a grid-stride loop.
+__global__ void round_operands_kernel(float* __restrict__ v, int64_t n, Precision precision) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    v[i] = round_operand(v[i], precision);
+  }
+}
+
 }  // namespace
+
+const char* round_operands_cuda(float* v, int64_t n, Precision precision, cudaStream_t stream) {
+  if (n <= 0 || precision == Precision::kHighest) return nullptr;
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  round_operands_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), kThreads, 0, stream>>>(
+      v, n, precision);
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
 
 const char* gram_offdiag_penalty_epilogue_cuda(float* g, int64_t ld, int64_t rows, int64_t cols,
                                               int64_t row0, int64_t col0, int32_t p, float* row_max,
-                                              double* row_sum, float* beta, bool write_weights,
+                                              double* row_sum, float* beta, bool write_weights, Precision rounding,
                                               cudaStream_t stream) {
-  return launch(g, ld, rows, cols, row0, col0, p, row_max, row_sum, beta, write_weights, stream);
+  return launch(g, ld, rows, cols, row0, col0, p, row_max, row_sum, beta, write_weights, rounding, stream);
 }
 
 const char* gram_offdiag_penalty_epilogue_cuda(double* g, int64_t ld, int64_t rows, int64_t cols,
                                               int64_t row0, int64_t col0, int32_t p, double* row_max,
-                                              double* row_sum, double* beta, bool write_weights,
+                                              double* row_sum, double* beta, bool write_weights, Precision rounding,
                                               cudaStream_t stream) {
-  return launch(g, ld, rows, cols, row0, col0, p, row_max, row_sum, beta, write_weights, stream);
+  return launch(g, ld, rows, cols, row0, col0, p, row_max, row_sum, beta, write_weights, rounding, stream);
 }
 
 }  // namespace cuda

@@ -33,10 +33,12 @@ import torch
 
 from .. import _validation as val
 from .._backends import (
+    PENALTY_PRECISIONS,
     check_precision,
     cublas_precision,
     kernel_limits,
     launcher,
+    precision_code,
     register_kernel,
     resolve_backend,
     triton_kernels,
@@ -102,7 +104,7 @@ def _check_inputs(X, p, normalize: bool, backend, precision) -> _Inputs:
     the compute dtype (float64 for the torch backend, the reference)."""
     X = _check_x(X)
     val.check_bool(normalize, "normalize")
-    check_precision(precision)
+    check_precision(precision, PENALTY_PRECISIONS)
     name = resolve_backend(backend, X.device, "gram_offdiag_penalty")
     p = check_penalty_p(p, name)
     norms = _check_rows(X, normalize)
@@ -214,8 +216,11 @@ def gram_offdiag_penalty(X: torch.Tensor, p: int = 8, normalize: bool = True, re
         reduction: "sum" (Σ over the k(k−1) ordered pairs i≠j) or "mean" (divided by k(k−1)).
         backend: "auto", "cuda", "triton", "cpu", or "torch" (plain PyTorch in float64 on the
             materialized Gram rows, O(k²) memory).
-        precision: "highest" (float32 Gram products in IEEE float32) or "tf32" (GPU tensor
-            cores); float64 X always runs in float64.
+        precision: how the float32 GEMMs (the Gram entries and the gradient's weight products)
+            are formed: "highest" (IEEE float32), "tf32" or "bf16" (operands rounded to TF32 or
+            bfloat16, exact products, float32 sums: GPU tensor cores; the cpu backend emulates
+            them by rounding the operands, the torch backend ignores precision). float64 X always
+            runs in float64.
 
     Returns a 0-d tensor (float32, or float64 for float64 X); an L beyond that range is a ValueError
     that says to pass float64 X (never inf). `L.backward()` gives ∂L/∂X, including the chain rule
@@ -288,7 +293,9 @@ def gram_offdiag_max(X: torch.Tensor, normalize: bool = True, backend: str = "au
     """ε* = max_{i≠j} |ĝ_ij|, streamed (never k×k).
 
     With normalize=True this is kernel 1 (pairwise_cosine_stats over the pairs i<j: the largest
-    |cosine| is max(|min|, |max|)); with normalize=False the row maxima of the penalty kernel."""
+    |cosine| is max(|min|, |max|)); with normalize=False the row maxima of the penalty kernel.
+    precision: "highest" or "tf32" (a measurement; "bf16" is for the penalty's steps only)."""
+    check_precision(precision)
     if normalize:
         _check_rows(_check_x(X), True)  # the penalty's errors (zero rows, ...)
         stats = pairwise_cosine_stats(X.detach(), bins=1, backend=backend, precision=precision, progress=False)
@@ -302,10 +309,11 @@ def gram_offdiag_max(X: torch.Tensor, normalize: bool = True, backend: str = "au
 
 @register_kernel("gram_offdiag_penalty", "cpu", "cuda")
 def _gram_offdiag_penalty_compiled(q, x, row_offset, p, with_grad, precision):
-    """The C++ op (csrc/gram_offdiag_penalty_ops.cpp); its CUDA launcher forms the Gram panels
-    and the weight products with cuBLAS at `precision`."""
+    """The C++ op (csrc/gram_offdiag_penalty_ops.cpp): it rounds the operands at `precision` (the
+    CPU's emulation of the tensor cores), and its CUDA launcher forms the Gram panels and the
+    weight products with cuBLAS (TF32 tensor cores for "tf32" and "bf16")."""
     with cublas_precision(precision, x.device):
-        return torch.ops.repcap_fast.gram_offdiag_penalty(q, x, row_offset, p, with_grad)
+        return torch.ops.repcap_fast.gram_offdiag_penalty(q, x, row_offset, p, with_grad, precision_code(precision))
 
 
 @register_kernel("gram_offdiag_penalty", "triton")
