@@ -17,7 +17,7 @@ import torch
 
 from . import _validation as val
 from . import capacity, distributed, fitting, packing, plotting
-from ._backends import BACKENDS, PRECISIONS, BackendUnavailableError, info
+from ._backends import BACKENDS, PENALTY_PRECISIONS, PRECISIONS, BackendUnavailableError, info
 from ._deprecated import moved_names
 from ._validation import DTYPE_NAMES
 from ._version import __version__
@@ -202,7 +202,7 @@ def _cmd_sweep(args) -> int:
     cells = packing.sweep(args.ks, args.ds, args.out, steps=args.steps, p=args.p, lr=args.lr,
                           seed=args.seed, device=args.device, dtype=args.dtype, backend=args.backend,
                           resume=not args.restart, progress=args.progress, method=args.method,
-                          p_start=args.p_start, polish_steps=args.polish_steps)
+                          p_start=args.p_start, polish_steps=args.polish_steps, precision=args.precision)
     print(f"{len(cells)} cells in {args.out}")
     for c in cells:
         print(f"k={c['k']:>7} d={c['d']:>5}  eps*={c['eps_star']:.5f}  welch={c['welch']:.5f}")
@@ -327,13 +327,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
         p.add_argument("--no-progress", dest="progress", action="store_const", const=False,
                        default=True if grid else None)
+        p.add_argument("--precision", choices=PENALTY_PRECISIONS, default="highest",
+                       help="operands of the penalty steps' float32 GEMMs: highest (IEEE float32, default), tf32 or "
+                            "bf16 (GPU tensor cores; the cpu backend emulates them by rounding the operands); "
+                            "eps*, mu+2sigma and the reported losses always come from the exact kernel"
+                            + ("; recorded in --out, and a resume never mixes precisions" if grid else ""))
 
     p_pack = sub.add_parser("pack", help="packing simulation of one (k, d) cell")
     p_pack.add_argument("--k", type=int, required=True, help="number of vectors")
     p_pack.add_argument("--d", type=int, required=True, help="dimension")
     packing_options(p_pack, grid=False)
-    p_pack.add_argument("--precision", choices=PRECISIONS, default="highest",
-                        help="float32 products of the penalty steps (tf32: GPU tensor cores); sweeps use highest")
     p_pack.add_argument("--json", metavar="PATH", help="write the result and loss history")
     p_pack.add_argument("--plot", metavar="PATH", help="write a PNG of the loss curve")
     p_pack.set_defaults(func=_cmd_pack)

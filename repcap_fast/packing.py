@@ -22,7 +22,7 @@ import torch
 from . import _validation as val
 from . import capacity, distributed
 from . import packing_methods as methods
-from ._backends import check_precision, resolve_backend
+from ._backends import PENALTY_PRECISIONS, check_precision, resolve_backend
 from ._progress import progress_bar
 from .ops.gram_offdiag_penalty import (
     check_penalty_p,
@@ -68,7 +68,9 @@ class PackingResult:
     """One packing run. ``eps_star`` = max_{i≠j}|ĝ_ij| of the final vectors (after the last step
     and the polish); ``loss_history[s]`` is the objective step s evaluated (before its update):
     Σ|ĝ|^p for "paper", (1/p)·ln Σ|ĝ|^p at that step's p for "p-continuation", "riemannian" and
-    "minimax", the log-sum-exp for "smooth-max"; ``polish_history[s]`` is ε* after polish step s.
+    "minimax", the log-sum-exp for "smooth-max", at the steps' ``precision``, except the first and
+    the last entries, which are always the exact kernel's ("highest"): ``loss_init`` and
+    ``loss_final``; ``polish_history[s]`` is ε* after polish step s.
     ``p`` is the fixed p of "paper" and the last p (or sharpness) of the continuation methods."""
 
     k: int
@@ -146,14 +148,19 @@ def optimize(
     """Packs k unit vectors in R^d: with method="paper" (default) by minimizing Σ_{i≠j}|ĝ_ij|^p
     with Adam, the paper's setup, bit for bit; the other methods of ``packing_methods.METHODS``
     drive ε* lower ("minimax" lowest, measured in the README's "Packing methods").
+    ``PENALTY_PRECISIONS``: the values of `precision`.
 
     The vectors are the rows of a k×d parameter initialized from a seeded standard normal (drawn
     on the CPU, so the start does not depend on the device) and row-normalized; the loss is
     computed on the row-normalized vectors every step and the raw parameters are never
     projected back. Defaults follow the paper: lr = ``default_lr(d)``, p = ``default_p(k, d)``.
-    k ≤ d is allowed: the optimum is then exact orthogonality (ε* → 0). precision: the float32
-    Gram products of the penalty steps ("highest", or "tf32" on GPU tensor cores); ε* and the
-    statistics of the result are always measured at "highest".
+    k ≤ d is allowed: the optimum is then exact orthogonality (ε* → 0). precision: the operands
+    of the penalty steps' float32 GEMMs: "highest" (IEEE float32), "tf32" or "bf16" (GPU tensor
+    cores; the cpu backend emulates them by rounding the operands, csrc/operand_rounding.h). ε*,
+    μ + 2σ and the statistics of the result are always measured at "highest", and so are the
+    reported first and last losses (``loss_init``, ``loss_final``: the exact kernel evaluates the
+    same vectors again). float64 runs in float64 at any precision; "smooth-max" takes "highest"
+    only (its objective is streamed by PyTorch, not by the penalty kernel).
 
     Returns ε* = max|ĝ| after the last step, μ + 2σ of the final off-diagonal ĝ, ε* of the
     random start, the Welch lower bound for (k, d), the loss of every step (``loss_history[s]``
@@ -196,8 +203,8 @@ def optimize(
             opt.zero_grad(set_to_none=True)
             loss = _step_loss(X, run, step)
             loss.backward()
+            losses[step] = _exact_loss(X.detach(), run) if _reports_exact(run, step) else loss.detach()
             opt.step()
-            losses[step] = loss.detach()
             bar.update(1)
     X = X.detach()
     polish_history: List[float] = []
@@ -286,8 +293,12 @@ def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision, meth
     settings = methods.check_method(method, p, p_start, polish_steps, default_p(k, d),
                                     lambda value: check_penalty_p(value, backend))
     lr = methods.default_lr(settings.method, default_lr(d)) if lr is None else val.check_positive_float(lr, "lr")
+    precision = check_precision(precision, PENALTY_PRECISIONS)
+    if settings.method == "smooth-max" and precision != "highest":
+        raise ValueError(f"precision={precision!r} does not apply to method='smooth-max' (its objective is streamed "
+                         "by PyTorch in float32, not by the penalty kernel); use precision='highest'")
     return _Run(k, d, val.check_int(steps, "steps", 1), settings.p_end, lr, val.check_seed(seed),
-                device, dtype, backend, check_precision(precision), settings)
+                device, dtype, backend, precision, settings)
 
 
 class PackingDiverged(RuntimeError):
@@ -305,6 +316,19 @@ def _step_loss(X: torch.Tensor, run: _Run, step: int) -> torch.Tensor:
             raise
         raise PackingDiverged(f"packing diverged at step {step}: the vectors became NaN/Inf ({run.dtype}, lr={run.lr}, "
                            f"p={run.p}); try a smaller lr or float32/float64") from exc
+
+
+def _reports_exact(run: _Run, step: int) -> bool:
+    """Whether the loss recorded for `step` is evaluated again by the exact kernel: the first and
+    the last step of a run whose steps use a reduced precision (loss_init and loss_final)."""
+    return run.precision != "highest" and step in (0, run.steps - 1)
+
+
+def _exact_loss(X: torch.Tensor, run: _Run) -> torch.Tensor:
+    """The paper's loss Σ|ĝ|^p of the rows X at precision "highest", without gradient."""
+    with torch.no_grad():
+        return gram_offdiag_penalty(X, run.p, normalize=True, reduction="sum", backend=run.backend,
+                                    precision="highest")
 
 
 def _initial_vectors(k: int, d: int, seed: int) -> torch.Tensor:
@@ -361,6 +385,8 @@ def _optimize_across_ranks(run: _Run, progress, group) -> PackingResult:
         for step in range(run.steps):
             rows = gather_rows()
             part, grad = distributed.run_on_every_rank("optimize", lambda: block_step(rows), group)
+            if _reports_exact(run, step) and len(own):  # loss_init and loss_final from the exact kernel
+                part = gram_offdiag_penalty_block(rows, own.start, own.stop, run.p, run.backend, "highest")[0]
             total = part.detach().to(torch.float64).reshape(1).to(comm)
             torch.distributed.all_reduce(total, group=group)
             if grad is not None:
@@ -388,14 +414,15 @@ def _cell_settings(k: int, d: int, want: dict) -> dict:
     polish_steps and lr left as None resolved to the method's defaults for that cell)."""
     settings = methods.check_method(want["method"], want["p"], want["p_start"], want["polish_steps"],
                                     default_p(k, d), int)
-    return {"steps": want["steps"], "seed": want["seed"], "dtype": want["dtype"],
+    return {"steps": want["steps"], "seed": want["seed"], "dtype": want["dtype"], "precision": want["precision"],
             "lr": want["lr"] if want["lr"] is not None else methods.default_lr(want["method"], default_lr(d)),
             **settings.to_dict()}
 
 
 def _matches(cell: dict, want: dict) -> bool:
     """Whether a finished cell was made with the sweep's settings (the method and its settings,
-    steps, seed, dtype and lr; those not given resolved to their defaults for the cell's (k, d))."""
+    steps, seed, dtype, precision and lr; those not given resolved to their defaults for the
+    cell's (k, d))."""
     expected = _cell_settings(cell["k"], cell["d"], want)
     return all(cell[key] == expected[key] for key in SETTING_KEYS)
 
@@ -419,20 +446,22 @@ def sweep(
     method: str = "paper",
     p_start: Optional[int] = None,
     polish_steps: Optional[int] = None,
+    precision: str = "highest",
 ) -> List[dict]:
     """Runs ``optimize`` on every (k, d) of the grid (d outer, k inner) and rewrites `out` after
     each finished cell (JSON, or CSV when `out` ends in .csv), atomically.
 
     Every cell records its method and the method's settings (``method``, ``p_start``, ``p``,
-    ``polish_steps``; see ``optimize``). With resume=True (default) the cells already in `out`
-    with the same settings (method and its settings, steps, seed, dtype and lr, where those left
-    as None mean their defaults for each cell) are kept and skipped, so a killed sweep loses at
-    most the cell in flight; a cell made by another method (or other settings) is an error, so
-    one file never mixes methods. resume=False starts the
+    ``polish_steps``; see ``optimize``) and the precision of its steps. With resume=True (default)
+    the cells already in `out` with the same settings (method and its settings, steps, seed,
+    dtype, precision and lr, where those left as None mean their defaults for each cell) are kept
+    and skipped, so a killed sweep loses at most the cell in flight; a cell made by another method
+    (or other settings, or another precision) is an error, so one file never mixes methods or
+    precisions. resume=False starts the
     sweep file anew (a file that is not a sweep file is never overwritten). A cell of `out` with
     other settings is an error (use another file). Repeated values in ks or ds run once.
-    `on_cell(record)` is called after each cell is written. The penalty steps run at precision
-    "highest" (sweep files hold comparable cells; `optimize(precision="tf32")` is for single runs).
+    `on_cell(record)` is called after each cell is written. precision: of the penalty steps, as in
+    ``optimize`` (ε*, μ + 2σ and the recorded losses are the exact kernel's at any precision).
     Shows the cells done and an ETA. Returns the records in grid order.
 
     Across ranks (a process group given as `group=`, or torchrun's default group): the cells left
@@ -453,11 +482,13 @@ def sweep(
     lr = None if lr is None else val.check_positive_float(lr, "lr")
     dtype = val.check_dtype(dtype)
     check = methods.check_method(method, p, p_start, polish_steps, 1, lambda value: check_penalty_p(value, name))
-    want = {"method": method, "steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""), "p": p,
+    precision = check_precision(precision, PENALTY_PRECISIONS)
+    want = {"method": method, "steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""),
+            "precision": precision, "p": p,
             "p_start": p_start if p_start is None else check.p_start,
             "polish_steps": polish_steps if polish_steps is None else check.polish_steps, "lr": lr}
-    if dtype == torch.float16:
-        _check_run(ks[0], ds[0], steps, p, lr, seed, device, dtype, backend, "highest", method, p_start,
+    if dtype == torch.float16 or (method == "smooth-max" and precision != "highest"):
+        _check_run(ks[0], ds[0], steps, p, lr, seed, device, dtype, backend, precision, method, p_start,
                    polish_steps)  # its error
     out = val.check_output_file(out, "out")  # its folder created and writable before any work
     group = distributed.resolve_group(group)
@@ -508,8 +539,8 @@ def sweep(
             for k, d in todo:  # each rank's cells are its own: no op inside may meet the other ranks
                 bar.set_postfix_str(f"k={k} d={d}")
                 result = optimize(k, d, steps=steps, p=p, lr=lr, seed=seed, device=device, dtype=dtype,
-                                  backend=backend, progress=False, method=method, p_start=p_start,
-                                  polish_steps=polish_steps)
+                                  backend=backend, precision=precision, progress=False, method=method,
+                                  p_start=p_start, polish_steps=polish_steps)
                 done[(k, d)] = _cell_record(result)
                 if group is None:
                     write_cells(out, _grid_order(done, grid))
@@ -540,4 +571,4 @@ def _grid_order(cells: dict, grid: List) -> List[dict]:
     return [cells[c] for c in grid if c in cells] + [c for key, c in cells.items() if key not in keys]
 
 
-__all__ = ["PackingResult", "default_lr", "default_p", "load_cells", "optimize", "sweep"]
+__all__ = ["PENALTY_PRECISIONS", "PackingResult", "default_lr", "default_p", "load_cells", "optimize", "sweep"]

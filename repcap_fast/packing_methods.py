@@ -194,14 +194,23 @@ class RiemannianAdam:
 def run_optimizer(settings: MethodSettings, X: torch.Tensor, steps: int, lr: float, backend: str, precision: str,
                   eps_start: float, on_step: Callable[[int, float], None]) -> torch.Tensor:
     """Runs the optimizer of a continuation method (every method but "paper") for `steps` steps
-    from the unit rows X; `on_step(step, objective)` after each. Returns the final rows."""
+    from the unit rows X; `on_step(step, objective)` after each. Returns the final rows. The
+    steps' kernel runs at `precision`; at a reduced one the objective reported for the first and
+    the last step is evaluated again at "highest" (the same rows, before that step's update)."""
     method = settings.method
+
+    def reported(value: float, rows: torch.Tensor, p: int, step: int) -> float:
+        if precision == "highest" or step not in (0, steps - 1):
+            return value
+        return log_power_objective(rows, p, backend, "highest")[0]
+
     if method == "p-continuation":  # Adam on the raw parameters, as the paper
         param = X.clone().requires_grad_(True)
         opt = torch.optim.Adam([param], lr=lr, eps=_ADAM_EPS)
         for step in range(steps):
             p = p_at(step, steps, settings.p_start, settings.p_end)
             value, grad = log_power_objective(param.detach(), p, backend, precision)
+            value = reported(value, param.detach(), p, step)
             param.grad = grad.to(param.dtype)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, steps, lr)
@@ -218,6 +227,7 @@ def run_optimizer(settings: MethodSettings, X: torch.Tensor, steps: int, lr: flo
             value, grad, eps_now = smooth_max_objective(X, max(eps_now, 1e-12) / q)
         else:
             value, grad = log_power_objective(X, q, backend, precision)
+            value = reported(value, X, q, step)
         opt.step(grad, lr_at(step, steps, lr))
         on_step(step, value)
     return X

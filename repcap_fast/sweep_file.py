@@ -11,37 +11,49 @@ import math
 import os
 from typing import List, Sequence, Tuple
 
+from ._backends import PENALTY_PRECISIONS
 from .packing_methods import METHODS
 
-SWEEP_FORMAT = "repcap_fast.packing.sweep/2"
-CELL_FIELDS = ("k", "d", "method", "steps", "p_start", "p", "polish_steps", "lr", "seed", "dtype", "eps_star",
-               "eps_star_init", "mean", "std", "mu_plus_2sigma", "welch", "eps_over_welch", "eps_minus_welch",
-               "loss_init", "loss_final")
+SWEEP_FORMAT = "repcap_fast.packing.sweep/3"
+CELL_FIELDS = ("k", "d", "method", "steps", "p_start", "p", "polish_steps", "lr", "seed", "dtype", "precision",
+               "eps_star", "eps_star_init", "mean", "std", "mu_plus_2sigma", "welch", "eps_over_welch",
+               "eps_minus_welch", "loss_init", "loss_final")
 # A cell is reused on resume only when these match the sweep's settings.
-SETTING_KEYS = ("method", "steps", "p_start", "p", "polish_steps", "seed", "dtype", "lr")
-# Version 1 (before the packing methods) had no method, p_start or polish_steps: its cells were all
-# made by the paper's method, and are read as such.
+SETTING_KEYS = ("method", "steps", "p_start", "p", "polish_steps", "seed", "dtype", "precision", "lr")
+# Version 2 had no precision: its steps all ran at "highest", and its cells are read as such.
+SWEEP_FORMAT_V2 = "repcap_fast.packing.sweep/2"
+_V2_FIELDS = tuple(f for f in CELL_FIELDS if f != "precision")
+# Version 1 (before the packing methods) had no method, p_start or polish_steps either: its cells
+# were all made by the paper's method, and are read as such.
 SWEEP_FORMAT_V1 = "repcap_fast.packing.sweep/1"
 _V1_FIELDS = ("k", "d", "steps", "p", "lr", "seed", "dtype", "eps_star", "eps_star_init",
               "mean", "std", "mu_plus_2sigma", "welch", "eps_over_welch", "eps_minus_welch",
               "loss_init", "loss_final")
+_OLD_FORMATS = (SWEEP_FORMAT_V2, SWEEP_FORMAT_V1)
 
 
-def _from_v1(cell):
-    """A version-1 record as a version-2 one: method "paper", p_start = p, no polish."""
-    if not isinstance(cell, dict) or "method" in cell:
+def _upgrade(cell):
+    """A version-1 or version-2 record as a version-3 one: version 1's cells get method "paper",
+    p_start = p and no polish; both versions' cells get precision "highest". (A record that is not
+    a dict, or already has the fields, is returned as it is, for _check_cell to judge.)"""
+    if not isinstance(cell, dict) or ("method" in cell and "precision" in cell):
         return cell
     out = dict(cell)
-    out.update(method="paper", p_start=cell.get("p"), polish_steps=0)
+    if "method" not in cell:
+        out.update(method="paper", p_start=cell.get("p"), polish_steps=0)
+    out.setdefault("precision", "highest")
     return out
 
 
 _INT_FIELDS = {"k": 1, "d": 1, "steps": 1, "p_start": 1, "p": 1, "polish_steps": 0, "seed": 0}  # least values
-_STR_FIELDS = ("method", "dtype")
+_STR_FIELDS = ("method", "dtype", "precision")
 _FLOAT_FIELDS = tuple(f for f in CELL_FIELDS if f not in _INT_FIELDS and f not in _STR_FIELDS)  # or None
 
 
 _MAX_INT = 2**63 - 1  # seeds reach it; k, d, steps and p far below (floats hold them for the fit)
+
+
+_CSV_HEADERS = (CELL_FIELDS, _V2_FIELDS, _V1_FIELDS)  # a CSV sweep file's header row names its version
 
 
 def _not_sweep(path: str, why: str) -> ValueError:
@@ -67,6 +79,9 @@ def _check_cell(path: str, label: str, cell) -> dict:
             raise ValueError(f"{where}: {key} is {str(cell[key])[:40]!r}, not a string")
     if cell["method"] not in METHODS:
         raise ValueError(f"{where}: method is {cell['method'][:40]!r}, not one of {', '.join(METHODS)}")
+    if cell["precision"] not in PENALTY_PRECISIONS:
+        raise ValueError(f"{where}: precision is {cell['precision'][:40]!r}, not one of "
+                         f"{', '.join(PENALTY_PRECISIONS)}")
     for key in _FLOAT_FIELDS:
         value = cell[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -138,9 +153,9 @@ def is_sweep_file(path: str) -> bool:
     except OSError:
         return False
     if path.endswith(".csv"):
-        return head.split(b"\n", 1)[0].rstrip(b"\r") in (",".join(CELL_FIELDS).encode(), ",".join(_V1_FIELDS).encode())
+        return head.split(b"\n", 1)[0].rstrip(b"\r") in tuple(",".join(fields).encode() for fields in _CSV_HEADERS)
     return head.lstrip().startswith(b"{") and any(f'"format": "{tag}"'.encode() in head
-                                                  for tag in (SWEEP_FORMAT, SWEEP_FORMAT_V1))
+                                                  for tag in (SWEEP_FORMAT,) + _OLD_FORMATS)
 
 
 def _parse_csv_value(path: str, line: int, key: str, value):
@@ -162,7 +177,7 @@ def _read_csv(path: str) -> List[dict]:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
             fields = tuple(reader.fieldnames or ())
-            if fields not in (CELL_FIELDS, _V1_FIELDS):
+            if fields not in _CSV_HEADERS:
                 raise _not_sweep(path, f"its CSV header is not {','.join(CELL_FIELDS)}")
             cells = []
             for row in reader:
@@ -171,7 +186,7 @@ def _read_csv(path: str) -> List[dict]:
                     raise ValueError(f"{path}: line {line} has {len(fields) + len(row[None])} fields, the "
                                      f"header {len(fields)}")
                 cell = {key: _parse_csv_value(path, line, key, row.get(key)) for key in fields}
-                cells.append(_check_cell(path, f"line {line}", _from_v1(cell)))
+                cells.append(_check_cell(path, f"line {line}", _upgrade(cell)))
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}): not a sweep file") from exc
     except csv.Error as exc:
@@ -190,14 +205,14 @@ def _read_json(path: str) -> List[dict]:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"{path}: not valid JSON ({first[:200]}): a truncated or corrupt sweep file? (remove "
                          f"it or pick another path)") from exc
-    if not isinstance(data, dict) or data.get("format") not in (SWEEP_FORMAT, SWEEP_FORMAT_V1):
+    if not isinstance(data, dict) or data.get("format") not in (SWEEP_FORMAT,) + _OLD_FORMATS:
         raise _not_sweep(path, f"no \"format\": \"{SWEEP_FORMAT}\"")
     if "cells" not in data:
         raise ValueError(f"{path}: a sweep file without \"cells\" (keys: {', '.join(sorted(map(str, data)))})")
     cells = data["cells"]
     if not isinstance(cells, list):
         raise ValueError(f"{path}: \"cells\" is a {type(cells).__name__}, not a list of records")
-    upgrade = _from_v1 if data["format"] == SWEEP_FORMAT_V1 else (lambda cell: cell)
+    upgrade = _upgrade if data["format"] in _OLD_FORMATS else (lambda cell: cell)
     return [_check_cell(path, f"cells[{i}]", upgrade(cell)) for i, cell in enumerate(cells)]
 
 

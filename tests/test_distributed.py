@@ -30,8 +30,8 @@ SWEEP_KS, SWEEP_DS = [12, 20, 28, 36], [3, 5]
 SPLIT = ["self", "rect", "tiny", "epsilon", "pga", "pga_stream", "pga_torch", "pack", "pack64", "pack_tiny",
          "sharded"]
 CASES = {
-    2: SPLIT + ["pack_torch", "mismatch_shape", "mismatch_values", "pga_mismatch_seed", "pga_fail", "local",
-                "nan_on_one_rank", "bad_k_for_pga_on_one_rank", "bins_on_one_rank", "sharded_bins_on_one_rank",
+    2: SPLIT + ["pack_torch", "pack_bf16", "mismatch_shape", "mismatch_values", "pga_mismatch_seed", "pga_fail",
+                "local", "nan_on_one_rank", "bad_k_for_pga_on_one_rank", "bins_on_one_rank", "sharded_bins_on_one_rank",
                 "sharded_settings",
                 "sharded_empty_block"] + (["pack_triton"] if INTERPRETING else []),
     3: SPLIT + ["sharded_drop", "sweep", "subgroup_pack", "subgroup_sharded"],
@@ -96,14 +96,16 @@ def _case(name, rank):
     if name == "local":  # rank-dependent work inside distributed.local(): no collective, no mismatch error
         with local():
             return _stats_fields(rf.pairwise_cosine_stats(_matrix(50 + rank, 8, 8), backend="cpu", progress=False))
-    if name.startswith("pack"):  # pack (float32), pack64, pack_tiny, pack_torch, pack_triton
+    if name.startswith("pack"):  # pack (float32), pack64, pack_tiny, pack_torch, pack_triton, pack_bf16
         dtype = torch.float64 if name == "pack64" else torch.float32
         k = 2 if name == "pack_tiny" else 45  # pack_tiny: fewer rows than ranks, one rank owns none
         backend = {"pack_torch": "torch", "pack_triton": "triton"}.get(name, "cpu")
         steps = 8 if name == "pack_triton" else 30  # the Triton interpreter is slow
-        r = packing.optimize(k, 6, steps=steps, seed=2, dtype=dtype, backend=backend, progress=False)
+        precision = "bf16" if name == "pack_bf16" else "highest"
+        r = packing.optimize(k, 6, steps=steps, seed=2, dtype=dtype, backend=backend, precision=precision,
+                             progress=False)
         return {"loss_history": r.loss_history, "eps_star": r.eps_star, "eps_star_init": r.eps_star_init,
-                "mean": r.mean, "std": r.std}
+                "mean": r.mean, "std": r.std, "loss_init": r.loss_init, "loss_final": r.loss_final}
     if name == "sharded":  # each rank passes only its row block
         full = _matrix(1001, 24, 0)
         mine = contiguous_share(1001, rank, dist.get_world_size())
@@ -323,8 +325,8 @@ def test_local_block_runs_each_rank_alone(results):
 
 
 @pytest.mark.parametrize("world,name,tol", [(2, "pack64", 1e-10), (2, "pack", 2e-5), (2, "pack_tiny", 2e-5),
-                                            (2, "pack_torch", 2e-5), (3, "pack64", 1e-10), (3, "pack", 2e-5),
-                                            (3, "pack_tiny", 2e-5)]
+                                            (2, "pack_torch", 2e-5), (2, "pack_bf16", 2e-5), (3, "pack64", 1e-10),
+                                            (3, "pack", 2e-5), (3, "pack_tiny", 2e-5)]
                          + ([(2, "pack_triton", 2e-5)] if INTERPRETING else []))
 def test_packing_across_ranks_follows_the_single_process_trajectory(world, name, tol, results):
     import numpy as np
@@ -336,6 +338,8 @@ def test_packing_across_ranks_follows_the_single_process_trajectory(world, name,
         np.testing.assert_allclose(got["loss_history"], want["loss_history"], rtol=tol)
         assert got["eps_star"] == pytest.approx(want["eps_star"], rel=tol)
         assert got["loss_history"][-1] < 0.95 * got["loss_history"][0]  # it did optimize
+        if name == "pack_bf16":  # the steps at bf16, the first loss the exact kernel's (the same start)
+            assert got["loss_init"] == pytest.approx(_case("pack", 0)["loss_history"][0], rel=1e-6)
 
 
 @pytest.mark.parametrize("world", [2, 3])

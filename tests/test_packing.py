@@ -137,12 +137,64 @@ def test_fit_bad_input():
         fitting.fit([(100, 10, 0.3), (200, 10, 0.35)], "full")
 
 
-def test_precision_is_recorded_and_changes_nothing_on_the_cpu():
-    # "tf32" selects GPU tensor cores; the CPU kernel computes float32 products in IEEE float32 either way.
-    highest = packing.optimize(30, 5, steps=20, seed=3)
-    tf32 = packing.optimize(30, 5, steps=20, seed=3, precision="tf32")
-    assert (highest.precision, tf32.precision) == ("highest", "tf32") and tf32.to_dict()["precision"] == "tf32"
-    assert tf32.loss_history == highest.loss_history and tf32.eps_star == highest.eps_star
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_reduced_precision_steps_with_exact_losses_and_eps(precision):
+    """The steps run at the reduced precision (the CPU emulates it by rounding the operands: the
+    trajectory differs from "highest"), while loss_init, loss_final, ε* and μ+2σ are the exact
+    kernel's: loss_init is bitwise the "highest" run's, and loss_final is the exact loss of the
+    vectors before the last update, replayed here step by step."""
+    k, d, steps, seed = 30, 5, 6, 3
+    highest = packing.optimize(k, d, steps=steps, seed=seed)
+    low = packing.optimize(k, d, steps=steps, seed=seed, precision=precision)
+    assert (highest.precision, low.precision) == ("highest", precision) and low.to_dict()["precision"] == precision
+    assert low.loss_init == highest.loss_init and low.loss_history[0] == low.loss_init
+    assert low.loss_history[1:] != highest.loss_history[1:]
+    X = packing._initial_vectors(k, d, seed).float().requires_grad_(True)
+    opt = torch.optim.Adam([X], lr=low.lr)
+    for step in range(steps):
+        opt.zero_grad()
+        loss = rf.gram_offdiag_penalty(X, low.p, backend="cpu", precision=precision)
+        loss.backward()
+        assert float(loss.detach()) == low.loss_history[step] or step in (0, steps - 1)
+        if step == steps - 1:
+            exact = rf.gram_offdiag_penalty(X.detach(), low.p, backend="cpu", precision="highest")
+            assert low.loss_final == float(exact) != float(loss.detach())
+        opt.step()
+    stats = rf.pairwise_cosine_stats(X.detach(), bins=1, backend="cpu")
+    assert low.eps_star == max(abs(stats.min), abs(stats.max))
+    assert low.mu_plus_2sigma == pytest.approx(stats.mean + 2 * stats.std, rel=1e-12)
+
+
+def test_continuation_methods_report_exact_first_and_last_objectives():
+    highest = packing.optimize(12, 3, steps=5, seed=2, method="riemannian", lr=0.01)
+    low = packing.optimize(12, 3, steps=5, seed=2, method="riemannian", lr=0.01, precision="bf16")
+    assert low.loss_init == highest.loss_init and low.loss_history[1:] != highest.loss_history[1:]
+    with pytest.raises(ValueError, match="precision='bf16' does not apply to method='smooth-max'"):
+        packing.optimize(12, 3, steps=5, method="smooth-max", precision="bf16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        packing.optimize(12, 3, steps=5, precision="fp8")
+
+
+def test_sweep_records_the_precision_and_a_resume_never_mixes_them(tmp_path):
+    out = tmp_path / "s.json"
+    cells = packing.sweep([20, 30], [4], out, steps=10, precision="bf16", progress=False)
+    assert [c["precision"] for c in cells] == ["bf16", "bf16"]
+    assert json.loads(out.read_text())["format"] == "repcap_fast.packing.sweep/3"
+    assert packing.sweep([20, 30], [4], out, steps=10, precision="bf16", progress=False) == cells  # resumed
+    with pytest.raises(ValueError, match=r"other settings .*'precision': 'bf16'.*'precision': 'highest'"):
+        packing.sweep([20, 30, 45], [4], out, steps=10, progress=False)
+    with pytest.raises(ValueError, match="precision='bf16' does not apply to method='smooth-max'"):
+        packing.sweep([20], [4], tmp_path / "t.json", steps=10, method="smooth-max", precision="bf16",
+                      progress=False)
+    assert not (tmp_path / "t.json").exists()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "repcap_fast.packing.sweep/3", "cells": [dict(cells[0], precision="fp8")]}))
+    with pytest.raises(ValueError, match="precision is 'fp8', not one of highest, tf32, bf16"):
+        packing.load_cells(bad)
+    missing = {key: value for key, value in cells[0].items() if key != "precision"}
+    bad.write_text(json.dumps({"format": "repcap_fast.packing.sweep/3", "cells": [missing]}))
+    with pytest.raises(ValueError, match="has no precision"):
+        packing.load_cells(bad)
 
 
 def test_cli_pack_sweep_fit(tmp_path, capsys):
@@ -153,6 +205,12 @@ def test_cli_pack_sweep_fit(tmp_path, capsys):
     out = str(tmp_path / "s.csv")
     assert cli(["sweep", "--ks", "20:40:10", "--ds", "4,6", "--steps", "15", "--out", out, "--no-progress"]) == 0
     assert len(packing.load_cells(out)) == 6
+    low = str(tmp_path / "s_bf16.json")
+    assert cli(["sweep", "--ks", "20", "--ds", "4", "--steps", "15", "--out", low, "--precision", "bf16",
+                "--no-progress"]) == 0
+    assert packing.load_cells(low)[0]["precision"] == "bf16"
+    assert cli(["sweep", "--ks", "20", "--ds", "4", "--steps", "15", "--out", low, "--no-progress"]) == 2
+    assert "'precision': 'bf16'" in capsys.readouterr().err
     assert cli(["fit", out, "--form", "jl", "--json", str(tmp_path / "f.json"), "--plot", str(tmp_path / "f.png")]) == 0
     fit = json.loads((tmp_path / "f.json").read_text())["fits"]["jl"]
     assert fit["params"]["C"] > 0 and "r2" in fit

@@ -181,13 +181,15 @@ def test_sweep_records_the_method_and_refuses_to_mix_methods_on_resume(tmp_path)
 
 
 @pytest.mark.parametrize("suffix", [".json", ".csv"])
-def test_version_1_sweep_files_are_read_as_the_paper_s_method(tmp_path, suffix):
+@pytest.mark.parametrize("version", [1, 2])
+def test_version_1_and_2_sweep_files_are_read_as_the_paper_s_method_at_highest(tmp_path, suffix, version):
     out = tmp_path / f"s{suffix}"
     cells = packing.sweep([6, 8], [3], out, steps=20, progress=False)
-    v1_fields = [f for f in packing.CELL_FIELDS if f not in ("method", "p_start", "polish_steps")]
+    dropped = ("precision",) + (("method", "p_start", "polish_steps") if version == 1 else ())
+    v1_fields = [f for f in packing.CELL_FIELDS if f not in dropped]
     v1_cells = [{f: c[f] for f in v1_fields} for c in cells]
     if suffix == ".json":
-        out.write_text(json.dumps({"format": "repcap_fast.packing.sweep/1", "cells": v1_cells}))
+        out.write_text(json.dumps({"format": f"repcap_fast.packing.sweep/{version}", "cells": v1_cells}))
     else:
         rows = [",".join(v1_fields)] + [",".join("" if c[f] is None else repr(c[f]) if isinstance(c[f], float)
                                                  else str(c[f]) for f in v1_fields) for c in v1_cells]
@@ -197,6 +199,8 @@ def test_version_1_sweep_files_are_read_as_the_paper_s_method(tmp_path, suffix):
     assert packing.sweep([6, 8], [3], out, steps=20, progress=False) == cells
     with pytest.raises(ValueError, match="one file holds one method"):
         packing.sweep([6, 8], [3], out, steps=20, method="minimax", progress=False)
+    with pytest.raises(ValueError, match="'precision': 'highest'.*'precision': 'bf16'"):
+        packing.sweep([6, 8], [3], out, steps=20, precision="bf16", progress=False)
 
 
 def test_a_cell_with_an_unknown_method_is_refused(tmp_path):
