@@ -45,10 +45,23 @@ def test_triton_kernels_compile_for_gpu(variant, compiled):
     result = compiled[variant_id(variant)]
     assert result["ok"], result.get("error")
     names = {entry["kernel"] for entry in result["kernels"]}
-    want = {"pairwise_cosine_stats": {"_pairwise_cosine_stats_kernel"},
+    want = {"pairwise_cosine_stats": {"_pairwise_cosine_stats_grouped_kernel" if variant.get("variant") == "grouped"
+                                      else "_pairwise_cosine_stats_kernel"},
             "subspace_pga": {"_subspace_pga_distance_kernel", "_subspace_pga_rank_kernel"},
             "gram_offdiag_penalty": PENALTY_KERNELS[variant.get("kernels", "panel")],
             "grassmann_normals": {"_grassmann_normals_kernel"}}[variant["op"]]
     assert names == want, result
     for entry in result["kernels"]:
         assert entry["shared_bytes"] <= MAX_SHARED[variant["arch"]], entry
+    if variant["op"] == "pairwise_cosine_stats" and variant["dtype"] in ("bf16", "fp16"):
+        # 16-bit inputs: the tiles run on the tensor cores (Hopper's wgmma on sm_90)
+        unit = "wgmma" if variant["arch"] == 90 else "mma"
+        assert all(entry["mma"] == [f"{unit}:{variant['dtype'].replace('fp16', 'f16')}"]
+                   for entry in result["kernels"]), result
+    if variant["op"] == "gram_offdiag_penalty" and variant["dtype"] == "fp32":
+        # The dots run on the tensor cores the precision names (bf16: operands cast to bfloat16;
+        # Hopper's wgmma on sm_90), and on FMA at "highest".
+        unit = "wgmma" if variant["arch"] == 90 else "mma"
+        want_mma = {"highest": [], "tf32": [f"{unit}:tf32"], "bf16": [f"{unit}:bf16"]}[variant["precision"]]
+        for entry in result["kernels"]:
+            assert entry["mma"] == ([] if entry["kernel"] == "_panel_merge_kernel" else want_mma), entry

@@ -52,6 +52,20 @@ VARIANTS = [
      "precision": "highest", "arch": 90},
     {"op": "pairwise_cosine_stats", "dtype": "bf16", "self": True, "m": 30522, "n": 30522, "d": 384, "bins": 4096,
      "precision": "highest", "arch": 80},
+    # the grouped variant (REPCAP_TRITON_STATS_KERNEL=grouped)
+    *[{"op": "pairwise_cosine_stats", "variant": "grouped", "dtype": dt, "self": sp, "m": m, "n": n, "d": d,
+       "bins": bins, "precision": pr, "arch": arch}
+      for dt, sp, m, n, d, bins, pr, arch in [
+          ("bf16", True, 2, 2, 1, 4096, "highest", 90),  # every size argument is 1
+          ("bf16", True, 151936, 151936, 4096, 4096, "highest", 90),
+          ("bf16", True, 151936, 151936, 896, 4096, "highest", 90),
+          ("fp16", False, 65, 1, 384, 4096, "highest", 90),
+          ("fp32", True, 1025, 1025, 33, 4096, "highest", 90),
+          ("fp32", True, 151936, 151936, 4096, 4096, "tf32", 90),
+          ("bf16", True, 700, 700, 48, 65536, "highest", 90),
+          ("bf16", True, 700, 700, 48, 100, "highest", 90),  # a window narrower than 256 bins
+          ("bf16", True, 30522, 30522, 384, 4096, "highest", 80),
+      ]],
     # gram_offdiag_penalty: dtype, k rows, rows [row_offset, row_offset + m), d, with_grad, precision, p,
     # fused_max_d (None: the module's; 0 forces the panel path)
     *[{"op": "gram_offdiag_penalty", "dtype": dt, "k": k, "d": d, "with_grad": g, "precision": pr, "arch": a, "p": p,
@@ -77,6 +91,13 @@ VARIANTS = [
           ("fp32", 32768, 4096, True, "highest", 80, 20, None, 0, 32768, "panel"),
           ("fp32", 4099, 256, True, "tf32", 80, 8, None, 0, 4099, "fused"),
           ("fp64", 4099, 128, True, "highest", 80, 8, None, 0, 4099, "fused"),
+          # precision bf16: the operands cast to bfloat16 (bf16 tensor-core dots, tests/test_triton_compile.py)
+          ("fp32", 32768, 4096, True, "bf16", 90, 20, None, 0, 32768, "panel"),
+          ("fp32", 32768, 4096, False, "bf16", 90, 20, None, 0, 32768, "forward"),
+          ("fp32", 4099, 256, True, "bf16", 90, 8, None, 0, 4099, "fused"),
+          ("fp32", 97, 64, True, "bf16", 90, 8, None, 0, 97, "fused"),
+          ("fp32", 4099, 256, True, "bf16", 80, 8, None, 0, 4099, "fused"),
+          ("fp32", 32768, 4096, True, "bf16", 80, 20, None, 0, 32768, "panel"),
       ]],
     # subspace_pga: the ranks op (x N×d) or the ρ op (N tokens projected on k dimensions); n ≥ 2^31
     # pairs at N = 65536: 64-bit size arguments
@@ -162,6 +183,15 @@ def launches_of(v) -> list:
         inv_b = None if b is None else torch.empty(n, dtype=torch.float32, device=META)
         block = cosine_module._config(dtype, False)[0]
         programs = cosine_module._num_programs(tile_counts(m, n, v["self"], block)[0], 4 * SMS)
+        if v.get("variant") == "grouped":
+            partials = cosine_module._grouped_partials(m, n, d, v["self"], dtype, programs, v["bins"], META, False)
+            saved = cosine_module.WINDOW
+            cosine_module.WINDOW = v.get("window", saved)
+            try:
+                return recorded_launches(cosine_module, lambda: cosine_module._launch_grouped(
+                    a, inv_a, b, inv_b, v["bins"], -1.0, 1.0, v["precision"], programs, partials, False))
+            finally:
+                cosine_module.WINDOW = saved
         partials = cosine_module._partials(programs, v["bins"], META)
         return recorded_launches(cosine_module, lambda: cosine_module._launch(
             a, inv_a, b, inv_b, v["bins"], -1.0, 1.0, v["precision"], programs, partials, False))
@@ -196,6 +226,16 @@ def launches_of(v) -> list:
                                     twice)
             pga_module._rank_pass(keys, packed, twice=None if packed else twice)
     return recorded_launches(pga_module, run)
+
+
+def mma_kinds(ptx: str) -> list:
+    """The tensor-core instructions of a kernel's PTX, as "wgmma:<operand type>" (Hopper's
+    warpgroup MMA) or "mma:<operand type>" (mma.sync), sorted; [] when its dots run on FMA."""
+    kinds = set()
+    for inst in re.findall(r"^\s*((?:wgmma\.mma_async|mma\.sync)[\w.]*)", ptx, flags=re.MULTILINE):
+        operand = re.search(r"\.(bf16|f16|tf32|f64|e4m3|e5m2|s8|u8)\b", inst)
+        kinds.add(f"{'wgmma' if inst.startswith('wgmma') else 'mma'}:{operand.group(1) if operand else '?'}")
+    return sorted(kinds)
 
 
 def ptxas_info(ptx: str, arch: int) -> dict:
@@ -253,7 +293,7 @@ def compile_launches(calls: list, arch: int, with_ptxas: bool) -> list:
                                     options=options.__dict__)
             entry = {"kernel": fn.__name__, "seconds": round(time.time() - start, 2),
                      "shared_bytes": kernel.metadata.shared, "num_warps": options.num_warps,
-                     "num_stages": options.num_stages}
+                     "num_stages": options.num_stages, "mma": mma_kinds(kernel.asm["ptx"])}
             if with_ptxas:
                 entry.update(ptxas_info(kernel.asm["ptx"], arch))
             _COMPILED[key] = entry

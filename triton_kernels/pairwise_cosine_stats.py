@@ -1,11 +1,27 @@
-"""Triton kernel of pairwise_cosine_stats: tl.dot tiles + fused statistics epilogue.
+"""Triton kernels of pairwise_cosine_stats: tl.dot tiles + fused statistics epilogue.
 
-Each program walks a fixed, strided set of tiles of the upper triangle (or of the full m x n
-grid) and keeps its own partials: Σc and Σc² in float64 (each c squared and summed in float64),
-min, max, counts below/above the histogram range, and its own int64 histogram slice (integer
-atomics). The launcher merges the per-program partials on the host in program order, so results
-are bitwise repeatable.
+Two variants, selected by name (``KERNEL_VARIANTS``; the environment variable
+``REPCAP_TRITON_STATS_KERNEL``, default "auto", which follows ``AUTO_VARIANT``):
+
+* "strided": each program walks a fixed, strided set of tiles of the upper triangle (or of the
+  full m x n grid) in row-major tile order and keeps its own partials: Σc and Σc² in float64
+  (each c converted and summed in float64), min, max, counts below/above the histogram range,
+  and its own int64 histogram slice (one integer atomic per pair). The launcher merges the
+  per-program partials on the host in program order.
+* "grouped": persistent programs over the tiles in a grouped (super-tile) order, so the tiles in
+  flight at once share few row and column panels, which stay in L2; each tile is reduced in
+  float32 (Σc, Σc², min, max, below, above) and written as one partial per tile (the sums as
+  float64), reduced in tile order afterwards; the histogram of each tile is counted in registers
+  over a window of WINDOW bins centred on the tile mean's bin (the cosines of a tile cluster:
+  σ ≈ 1/√d) and added to the program's slice with one vector of integer atomics, only the pairs
+  outside the window taking one atomic each.
+
+Both are bitwise repeatable (the partials do not depend on the schedule, and are merged in a fixed
+order), and their integer counts are exact.
 """
+
+import functools
+import os
 
 import torch
 import triton
@@ -97,6 +113,126 @@ def _pairwise_cosine_stats_kernel(
     tl.store(outside_ptr + 2 * pid + 1 + one, acc_above)
 
 
+# The grouped variant. Tile t = (bi, bj) = (order[2t], order[2t+1]) (the grouped order, built on
+# the host); program p takes tiles p, p + P, ... so the P tiles in flight are consecutive in that
+# order. Per tile, over its kept pairs (j > i when SELF_PAIRS), c_ij = clamp(a_i·b_j·inv_a_i·inv_b_j):
+#   tile_sum[t] = Σc, tile_sq[t] = Σc² (float32 sums over the tile, stored as float64),
+#   tile_min[t], tile_max[t], tile_outside[t] = (#c < lo, #c > hi);
+#   hist[p, bin] += #{c in bin} with bin = min(floor((c − lo)·bins_per_unit), bins − 1) for
+#   lo ≤ c ≤ hi: counted in registers over bins [b0, b0 + WINDOW) centred on the tile mean's bin,
+#   then one integer atomic per window bin; a pair outside the window takes its own atomic.
+@triton.jit(do_not_specialize=["m", "n", "n_tiles", "tiles_per_program", "bins"])
+def _pairwise_cosine_stats_grouped_kernel(
+    a_ptr, b_ptr, a_inv_ptr, b_inv_ptr, order_ptr,
+    m, n, d, stride_a, stride_b, n_tiles, tiles_per_program,
+    lo, hi, bins_per_unit, bins,
+    tile_sum_ptr, tile_sq_ptr, tile_min_ptr, tile_max_ptr, tile_outside_ptr, hist_ptr,
+    SELF_PAIRS: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WINDOW: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_w = tl.arange(0, WINDOW)
+    hist_row = hist_ptr + pid.to(tl.int64) * bins
+    for it in range(0, tiles_per_program):
+        t_raw = pid.to(tl.int64) + it * n_programs
+        tile_ok = t_raw < n_tiles
+        t = tl.minimum(t_raw, n_tiles - 1)
+        bi = tl.load(order_ptr + 2 * t).to(tl.int64)
+        bj = tl.load(order_ptr + 2 * t + 1).to(tl.int64)
+        rows = bi * BLOCK_M + offs_m + tl.where(tile_ok, 0, m)  # a spare iteration keeps nothing
+        cols = bj * BLOCK_N + offs_n
+        row_ok = rows < m
+        col_ok = cols < n
+        dots = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, d, BLOCK_K):
+            ks = k0 + offs_k
+            k_ok = ks < d
+            a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :],
+                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptr + cols[:, None] * stride_b + ks[None, :],
+                        mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            dots = tl.dot(a, tl.trans(b), dots, input_precision=INPUT_PRECISION, out_dtype=dots.dtype)
+        inv_a = tl.load(a_inv_ptr + rows, mask=row_ok, other=0.0)
+        inv_b = tl.load(b_inv_ptr + cols, mask=col_ok, other=0.0)
+        c = dots * inv_a[:, None] * inv_b[None, :]
+        c = tl.minimum(tl.maximum(c, -1.0), 1.0)
+        keep = row_ok[:, None] & col_ok[None, :]
+        if SELF_PAIRS:
+            keep = keep & (cols[None, :] > rows[:, None])
+        c_kept = tl.where(keep, c, 0.0)
+        tl.store(tile_sum_ptr + t, tl.sum(tl.sum(c_kept, axis=1), axis=0).to(tl.float64), mask=tile_ok)
+        tl.store(tile_sq_ptr + t, tl.sum(tl.sum(c_kept * c_kept, axis=1), axis=0).to(tl.float64), mask=tile_ok)
+        tl.store(tile_min_ptr + t, tl.min(tl.min(tl.where(keep, c, float("inf")), axis=1), axis=0), mask=tile_ok)
+        tl.store(tile_max_ptr + t, tl.max(tl.max(tl.where(keep, c, float("-inf")), axis=1), axis=0), mask=tile_ok)
+        below = tl.sum(tl.sum((keep & (c < lo)).to(tl.int32), axis=1), axis=0)
+        above = tl.sum(tl.sum((keep & (c > hi)).to(tl.int32), axis=1), axis=0)
+        tl.store(tile_outside_ptr + 2 * t, below, mask=tile_ok)
+        tl.store(tile_outside_ptr + 2 * t + 1, above, mask=tile_ok)
+        inside = keep & (c >= lo) & (c <= hi)
+        bin_idx = tl.minimum(((c - lo) * bins_per_unit).to(tl.int32), bins - 1)
+        # The window: WINDOW bins centred on the bin of the tile's mean, kept inside [0, bins). The
+        # tile's pair count per row is counted from the indices (no pass over the tile).
+        first_col = bj * BLOCK_N
+        if SELF_PAIRS:
+            first_col = tl.maximum(first_col, rows + 1)
+        last_col = tl.minimum(bj * BLOCK_N + BLOCK_N, n)
+        n_kept = tl.sum(tl.where(row_ok, tl.maximum(last_col - first_col, 0), 0), axis=0)
+        tile_mean = tl.sum(tl.sum(c_kept, axis=1), axis=0) / tl.maximum(n_kept, 1).to(tl.float32)
+        b_mean = ((tl.minimum(tl.maximum(tile_mean, lo), hi) - lo) * bins_per_unit).to(tl.int32)
+        b0 = tl.maximum(tl.minimum(b_mean - WINDOW // 2, bins - WINDOW), 0)
+        rel = bin_idx - b0
+        in_window = inside & (rel >= 0) & (rel < WINDOW)
+        window = tl.histogram(tl.reshape(tl.where(in_window, rel, 0), [BLOCK_M * BLOCK_N]), WINDOW,
+                              mask=tl.reshape(in_window, [BLOCK_M * BLOCK_N]))
+        tl.atomic_add(hist_row + b0 + offs_w, window.to(tl.int64), mask=(window > 0) & (b0 + offs_w < bins),
+                      sem="relaxed")
+        beyond = inside & ((rel < 0) | (rel >= WINDOW))  # the tails of a tile wider than the window
+        tl.atomic_add(hist_row + tl.where(beyond, bin_idx, 0), tl.full([BLOCK_M, BLOCK_N], 1, tl.int64),
+                      mask=beyond, sem="relaxed")
+
+
+# Tiles per side of a super-tile of the grouped order (GROUP x GROUP tiles): the operand panels
+# of the tiles in flight at once (2·GROUP panels of BLOCK rows × d) should fit in L2.
+GROUP_L2_BYTES = 24 << 20
+# Histogram bins counted in registers per tile (tests shrink it). A tile's cosines spread over
+# about 2048/√d of 4096 bins per σ (σ ≈ 1/√d): 128 bins hold ±2σ at d = 4096 and ±0.9σ at d = 896;
+# ptxas for sm_90 (Triton 3.6, bf16 tiles of 128×128, 8 warps) spills 352 bytes per thread at 128
+# bins, 88 at 64 (the strided kernel: 192), once per tile, in the epilogue.
+WINDOW = 128
+
+
+def _group_size(block: int, d: int, itemsize: int) -> int:
+    panel = block * d * itemsize
+    return max(2, min(16, GROUP_L2_BYTES // (2 * panel)))
+
+
+@functools.lru_cache(maxsize=16)
+def _grouped_order_cpu(row_tiles: int, col_tiles: int, self_pairs: bool, group: int) -> torch.Tensor:
+    """(n_tiles, 2) int32 tile coordinates (bi, bj) in grouped order: super-tiles of group×group
+    tiles, row-major over the super-tile grid (its upper triangle for self pairs), each super-tile
+    row-major inside (only bi ≤ bj for self pairs)."""
+    if self_pairs:
+        bi, bj = torch.triu_indices(row_tiles, col_tiles, dtype=torch.int64)
+    else:
+        bi = torch.arange(row_tiles).repeat_interleave(col_tiles)
+        bj = torch.arange(col_tiles).repeat(row_tiles)
+    super_cols = -(-col_tiles // group)
+    key = ((bi // group) * super_cols + bj // group) * (group * group) + (bi % group) * group + bj % group
+    order = torch.argsort(key)
+    return torch.stack([bi[order], bj[order]], dim=1).to(torch.int32).contiguous()
+
+
+def _grouped_order(row_tiles: int, col_tiles: int, self_pairs: bool, group: int, device) -> torch.Tensor:
+    return _grouped_order_cpu(row_tiles, col_tiles, self_pairs, group).to(device)
+
+
 def _config(dtype: torch.dtype, interp: bool):
     """(BLOCK_M=BLOCK_N, BLOCK_K, num_warps, num_stages)."""
     if interp:
@@ -155,9 +291,71 @@ def _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, par
     )
 
 
+KERNEL_VARIANTS = ("strided", "grouped")
+KERNEL_ENV = "REPCAP_TRITON_STATS_KERNEL"
+# "auto" per input dtype: the variant measured fastest on an H200 by bench/gpu_suite.sh. Until the
+# grouped variant has been measured there, the strided one (measured 2026-11-30) stays.
+AUTO_VARIANT = {torch.bfloat16: "strided", torch.float16: "strided", torch.float32: "strided"}
+
+
+def kernel_variant(dtype: torch.dtype) -> str:
+    """The variant that runs for inputs of `dtype`: REPCAP_TRITON_STATS_KERNEL ("auto" by default,
+    then AUTO_VARIANT), or a ValueError naming the variable."""
+    name = os.environ.get(KERNEL_ENV, "auto")
+    if name == "auto":
+        return AUTO_VARIANT.get(dtype, "strided")
+    if name not in KERNEL_VARIANTS:
+        raise ValueError(f"{KERNEL_ENV} must be 'auto' or one of {KERNEL_VARIANTS}, got {name!r}")
+    return name
+
+
+def _launch_grouped(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp):
+    """The grouped kernel over `programs` programs into `partials` (_grouped_partials)."""
+    self_pairs = b is None
+    b = a if self_pairs else b
+    b_inv_norm = a_inv_norm if self_pairs else b_inv_norm
+    m, d = a.shape
+    n = b.shape[0]
+    block, block_k, num_warps, num_stages = _config(a.dtype, interp)
+    n_tiles = partials["tile_sum"].shape[0]
+    spec_lo, spec_hi = float(torch.tensor(lo, dtype=torch.float32)), float(torch.tensor(hi, dtype=torch.float32))
+    bins_per_unit = float(torch.tensor(bins / (spec_hi - spec_lo), dtype=torch.float32))
+    _pairwise_cosine_stats_grouped_kernel[(programs,)](
+        a, b, a_inv_norm, b_inv_norm, partials["order"],
+        m, n, d, a.stride(0), b.stride(0), n_tiles, triton.cdiv(n_tiles, programs),
+        spec_lo, spec_hi, bins_per_unit, bins,
+        partials["tile_sum"], partials["tile_sq"], partials["tile_min"], partials["tile_max"],
+        partials["tile_outside"], partials["hist"],
+        SELF_PAIRS=self_pairs,
+        UPCAST=a.dtype != torch.float32 and interp,  # tl.dot on bf16 is wrong when interpreting
+        INPUT_PRECISION=input_precision(precision, a.dtype),
+        BLOCK_M=block, BLOCK_N=block, BLOCK_K=block_k, WINDOW=min(WINDOW, triton.next_power_of_2(bins)),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+
+
+def _grouped_partials(m: int, n: int, d: int, self_pairs: bool, dtype: torch.dtype, programs: int, bins: int,
+                      device, interp: bool) -> dict:
+    """The grouped order and the per-tile partials, poisoned (NaN sums, huge counts) so a tile the
+    kernel fails to write shows up; the histogram slices start at 0 (atomics count into them)."""
+    block = _config(dtype, interp)[0]
+    row_tiles, col_tiles = triton.cdiv(m, block), triton.cdiv(n, block)
+    order = _grouped_order(row_tiles, col_tiles, self_pairs, _group_size(block, d, torch.finfo(dtype).bits // 8),
+                           device)
+    n_tiles = order.shape[0]
+    nan = float("nan")
+    return {"order": order,
+            "tile_sum": torch.full((n_tiles,), nan, dtype=torch.float64, device=device),
+            "tile_sq": torch.full((n_tiles,), nan, dtype=torch.float64, device=device),
+            "tile_min": torch.full((n_tiles,), nan, dtype=torch.float32, device=device),
+            "tile_max": torch.full((n_tiles,), nan, dtype=torch.float32, device=device),
+            "tile_outside": torch.full((n_tiles, 2), 1 << 30, dtype=torch.int32, device=device),
+            "hist": torch.zeros((programs, bins), dtype=torch.int64, device=device)}
+
+
 def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision="highest"):
     """Launcher. The contract of torch.ops.repcap_fast.pairwise_cosine_stats (csrc/module.cpp),
-    with precision "highest" or "tf32" (float32 inputs).
+    with precision "highest" or "tf32" (float32 inputs); the kernel variant of kernel_variant().
 
     Returns (moments float64[4] = Σc, Σc², min, max; counts int64[3] = pairs, below, above;
     hist int64[bins]) on the CPU.
@@ -166,6 +364,7 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, pre
         raise ValueError(f"pairwise_cosine_stats (triton): bins must be in [1, {kernel_limits().histogram_bins}], "
                          f"got {bins}")
     interp = interpreting()
+    variant = kernel_variant(a.dtype)
     self_pairs = b is None
     a, a_inv_norm = a.contiguous(), a_inv_norm.contiguous()
     if not self_pairs:
@@ -174,21 +373,31 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, pre
     n = m if self_pairs else b.shape[0]
     n_tiles, _ = tile_counts(m, n, self_pairs, _config(a.dtype, interp)[0])
     programs = _num_programs(n_tiles, _program_slots(a.device, interp))
-    partials = _partials(programs, bins, a.device)
-    with device_guard(a):
-        _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp)
-    # Fixed-order float64 merge of the per-program partials.
-    sums, sums_sq = partials["sums"].cpu().tolist(), partials["sums_sq"].cpu().tolist()
-    total_sum = total_sum_sq = 0.0
-    for k in range(programs):
-        total_sum += sums[k]
-        total_sum_sq += sums_sq[k]
-    moments = torch.tensor([total_sum, total_sum_sq, float(partials["mins"].min()), float(partials["maxs"].max())],
-                           dtype=torch.float64)
     pairs = m * (m - 1) // 2 if self_pairs else m * n
-    below, above = partials["outside"].sum(0).cpu().tolist()
+    if variant == "grouped":
+        partials = _grouped_partials(m, n, a.shape[1], self_pairs, a.dtype, programs, bins, a.device, interp)
+        with device_guard(a):
+            _launch_grouped(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp)
+        # Tile order: torch's float64 sum of a fixed-size vector is the same on every run.
+        moments = torch.stack([partials["tile_sum"].sum(), partials["tile_sq"].sum(),
+                               partials["tile_min"].min().double(), partials["tile_max"].max().double()]).cpu()
+        below, above = partials["tile_outside"].sum(0, dtype=torch.int64).cpu().tolist()
+    else:
+        partials = _partials(programs, bins, a.device)
+        with device_guard(a):
+            _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp)
+        # Fixed-order float64 merge of the per-program partials.
+        sums, sums_sq = partials["sums"].cpu().tolist(), partials["sums_sq"].cpu().tolist()
+        total_sum = total_sum_sq = 0.0
+        for k in range(programs):
+            total_sum += sums[k]
+            total_sum_sq += sums_sq[k]
+        moments = torch.tensor([total_sum, total_sum_sq, float(partials["mins"].min()),
+                                float(partials["maxs"].max())], dtype=torch.float64)
+        below, above = partials["outside"].sum(0).cpu().tolist()
     counts = torch.tensor([pairs, below, above], dtype=torch.int64)
     merged_hist = partials["hist"].sum(0).cpu()
     if not torch.isfinite(moments).all() or int(merged_hist.sum()) + below + above != pairs:
-        raise RuntimeError("pairwise_cosine_stats (triton): internal error, a program did not write its partials")
+        raise RuntimeError(f"pairwise_cosine_stats (triton, {variant}): internal error, a program did not write its "
+                           "partials")
     return moments, counts, merged_hist
