@@ -4,8 +4,9 @@ in one run and reported as ratios, with the floor (bare GEMMs of the same shape)
     python -m pytest bench/bench_cosine_stats.py -s            # CPU: MiniLM 30522×384 + scaling
     python -m pytest bench/bench_cosine_stats.py -s -k gpu     # GPU section (bench/gpu_suite.sh)
 
-On a GPU every kernel variant runs side by side: cuda, and Triton's "strided" and "grouped"
-(whose winner per dtype belongs in AUTO_VARIANT of triton_kernels/pairwise_cosine_stats.py).
+On a GPU every kernel variant runs side by side: cuda's "tiles" and "panels", Triton's "strided"
+and "grouped" (the winners belong in the auto choices: AUTO_VARIANT of
+triton_kernels/pairwise_cosine_stats.py, use_cuda_panels in csrc/pairwise_cosine_stats_ops.cpp).
 
 Results: a table printed last and JSON under bench/results/ (bench/_harness.py).
 """
@@ -21,7 +22,8 @@ from repcap_fast.reference import pairwise_cosine_stats_reference
 from _harness import HAS_CUDA, SMOKE, PeakRSS, emit, format_table, fresh_process_peak, mib, ratio, timed, write_results
 
 RESULTS = {}  # name -> dict(seconds=..., ...)
-TRITON_KERNEL_ENV = "REPCAP_TRITON_STATS_KERNEL"  # the Triton kernel variant (triton_kernels.pairwise_cosine_stats)
+# The kernel variant of each GPU backend, chosen by name (README "Backends").
+KERNEL_ENV = {"cuda": "REPCAP_CUDA_STATS_KERNEL", "triton": "REPCAP_TRITON_STATS_KERNEL"}
 
 
 # --- CPU, real data: MiniLM 30522×384 ----------------------------------------------------------
@@ -112,16 +114,16 @@ def test_gpu_cosine_stats(d, dtype):
     row = {"v": GPU_V, "d": d, "dtype": str(dtype).replace("torch.", "")}
     repeats = 1 if dtype == torch.float32 else 3  # exact fp32 runs without tensor cores: slow
     small = x[:2048]
-    # Every kernel variant side by side: the Triton ones by name (REPCAP_TRITON_STATS_KERNEL).
-    for name, backend, variant in (("cuda", "cuda", None), ("triton", "triton", "strided"),
-                                   ("triton_grouped", "triton", "grouped")):
+    # Every kernel variant side by side, by name (REPCAP_CUDA_STATS_KERNEL, REPCAP_TRITON_STATS_KERNEL).
+    for name, backend, variant in (("cuda", "cuda", "tiles"), ("cuda_panels", "cuda", "panels"),
+                                   ("triton", "triton", "strided"), ("triton_grouped", "triton", "grouped")):
         # The first full-size call of a dtype compiles Triton's large-shape specialization (seconds,
         # once seen inside an H200 timing): warm up on the full matrix then, later on a slice.
         warm = small if (name, dtype) in _WARMED else x
         _WARMED.add((name, dtype))
-        saved = os.environ.get(TRITON_KERNEL_ENV)
-        if variant is not None:
-            os.environ[TRITON_KERNEL_ENV] = variant
+        env = KERNEL_ENV[backend]
+        saved = os.environ.get(env)
+        os.environ[env] = variant
         try:
             timing = timed(lambda: rf.pairwise_cosine_stats(x, backend=backend, progress=False), repeats,
                            warmup=lambda: rf.pairwise_cosine_stats(warm, backend=backend, progress=False),
@@ -132,9 +134,9 @@ def test_gpu_cosine_stats(d, dtype):
             row[f"{name}_error"] = str(exc)[:300]
         finally:
             if saved is None:
-                os.environ.pop(TRITON_KERNEL_ENV, None)
+                os.environ.pop(env, None)
             else:
-                os.environ[TRITON_KERNEL_ENV] = saved
+                os.environ[env] = saved
     row["gemm_floor"] = timed(lambda: _gemm_floor(x), 1, warmup=lambda: _gemm_floor(small))["seconds"]
     naive_rows = x[:NAIVE_ROWS]
     t_naive = timed(lambda: pairwise_cosine_stats_reference(naive_rows, x, dtype=dtype), 1)["seconds"]
@@ -180,14 +182,16 @@ def test_zz_report():
                  "cuda_gemm": ratio(r.get("cuda"), r.get("gemm_floor")),
                  "naive_triton": ratio(r.get("naive_torch"), r.get("triton")),
                  "triton_gemm": ratio(r.get("triton"), r.get("gemm_floor")),
-                 "grouped_gemm": ratio(r.get("triton_grouped"), r.get("gemm_floor"))} for r in gpu]
-        lines += format_table([("d", "d"), ("dtype", "dtype"), ("cuda", "cuda s"), ("triton", "triton s"),
-                               ("triton_grouped", "grouped s"), ("naive_torch", "naive s"), ("gemm_floor", "gemm s"),
-                               ("naive_cuda", "naive/cuda"), ("cuda_gemm", "cuda/gemm"),
-                               ("naive_triton", "naive/triton"), ("triton_gemm", "triton/gemm"),
-                               ("grouped_gemm", "grouped/gemm")], rows, {k: ".3f" for k in (
-                                   "cuda", "triton", "triton_grouped", "naive_torch", "gemm_floor")} | {
-                                       k: ".2f" for k in ("naive_cuda", "cuda_gemm", "naive_triton", "triton_gemm",
-                                                          "grouped_gemm")})
+                 "grouped_gemm": ratio(r.get("triton_grouped"), r.get("gemm_floor")),
+                 "panels_gemm": ratio(r.get("cuda_panels"), r.get("gemm_floor"))} for r in gpu]
+        lines += format_table([("d", "d"), ("dtype", "dtype"), ("cuda", "cuda s"), ("cuda_panels", "panels s"),
+                               ("triton", "triton s"), ("triton_grouped", "grouped s"), ("naive_torch", "naive s"),
+                               ("gemm_floor", "gemm s"), ("naive_cuda", "naive/cuda"), ("cuda_gemm", "cuda/gemm"),
+                               ("panels_gemm", "panels/gemm"), ("naive_triton", "naive/triton"),
+                               ("triton_gemm", "triton/gemm"), ("grouped_gemm", "grouped/gemm")], rows,
+                              {k: ".3f" for k in ("cuda", "cuda_panels", "triton", "triton_grouped", "naive_torch",
+                                                  "gemm_floor")}
+                              | {k: ".2f" for k in ("naive_cuda", "cuda_gemm", "panels_gemm", "naive_triton",
+                                                    "triton_gemm", "grouped_gemm")})
     write_results(f"cosine_stats_{'gpu' if gpu else 'cpu'}", {"op": "pairwise_cosine_stats", "results": RESULTS},
                   lines)

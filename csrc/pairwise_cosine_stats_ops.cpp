@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -149,6 +150,108 @@ StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_in
 }
 
 #ifdef REPCAP_WITH_CUDA
+// The CUDA kernel variant, by name: REPCAP_CUDA_STATS_KERNEL = "auto" (default: "tiles", the only
+// one an H200 has timed so far), "tiles" (the fused persistent kernel) or "panels" (cuBLAS panels
+// and a reduction kernel, pairwise_cosine_stats_cuda_panels).
+bool use_cuda_panels() {
+  const char* env = std::getenv("REPCAP_CUDA_STATS_KERNEL");
+  const std::string name = env == nullptr ? "auto" : env;
+  TORCH_CHECK(name == "auto" || name == "tiles" || name == "panels",
+              "REPCAP_CUDA_STATS_KERNEL must be auto, tiles or panels, got '", name, "'");
+  return name == "panels";
+}
+
+// The "panels" variant: the pairs in panels of at most kPanel x kPanel dot products (the upper
+// triangle of panels for self pairs, the diagonal panels whole), each formed by one cuBLAS GEMM
+// into a float32 scratch buffer (at most kPanel² · 4 B = 256 MB; float32 GEMMs follow torch's
+// cuBLAS float32 precision, which the Python launcher sets from `precision`; 16-bit inputs give
+// float32 dot products of exact products, at::mm's out_dtype), then reduced by one kernel launch
+// (csrc/cuda/pairwise_cosine_stats_panels_cuda.cu) into per-block partials merged here in block
+// order. Cost: the GEMMs (half the full V×d×V, plus the diagonal panels' lower halves) and about
+// 8 B of memory traffic per pair (the panel written, then read).
+constexpr int64_t kPanel = 8192;
+
+StatsTuple pairwise_cosine_stats_cuda_panels(const at::Tensor& ac, const at::Tensor& a_inv, const at::Tensor& bc,
+                                             const at::Tensor& b_inv, bool self_pairs, int64_t bins, double lo,
+                                             double hi) {
+  const int64_t m = ac.size(0), n = bc.size(0);
+  const int64_t panel_rows = std::min(m, kPanel), panel_cols = std::min(n, kPanel);
+  at::Tensor scratch = at::empty({panel_rows * panel_cols}, ac.options().dtype(at::kFloat));
+  int sm_count = 0;
+  TORCH_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, ac.get_device()) == cudaSuccess,
+              "pairwise_cosine_stats (cuda): cannot read the SM count");
+  const int nb = repcap::cuda::cosine_panel_num_blocks(sm_count);
+  auto dev = ac.options();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  at::Tensor block_sum = at::full({nb}, nan, dev.dtype(at::kDouble));
+  at::Tensor block_sum_sq = at::full({nb}, nan, dev.dtype(at::kDouble));
+  at::Tensor block_min = at::full({nb}, nan, dev.dtype(at::kFloat));
+  at::Tensor block_max = at::full({nb}, nan, dev.dtype(at::kFloat));
+  at::Tensor block_outside = at::full({nb, 2}, int64_t{1} << 60, dev.dtype(at::kLong));
+  at::Tensor hist = at::zeros({bins}, dev.dtype(at::kLong));
+  repcap::cuda::CosinePanelArgs args{};
+  args.self_pairs = self_pairs;
+  args.hist = repcap::make_histogram_spec(static_cast<float>(lo), static_cast<float>(hi), static_cast<int32_t>(bins));
+  args.num_blocks = nb;
+  args.block_sum = block_sum.data_ptr<double>();
+  args.block_sum_sq = block_sum_sq.data_ptr<double>();
+  args.block_min = block_min.data_ptr<float>();
+  args.block_max = block_max.data_ptr<float>();
+  args.block_outside = block_outside.data_ptr<int64_t>();
+  args.hist_out = hist.data_ptr<int64_t>();
+  args.stream = c10::cuda::getCurrentCUDAStream(ac.get_device()).stream();
+  bool first = true;
+  for (int64_t row0 = 0; row0 < m; row0 += panel_rows) {
+    const int64_t rows = std::min(panel_rows, m - row0);
+    const at::Tensor a_rows = ac.narrow(0, row0, rows);
+    // Self pairs: the panels from the diagonal one on (a diagonal panel whose rows are all past
+    // the last column keeps no pair, but the triangle's panels always start at col0 = row0).
+    for (int64_t col0 = self_pairs ? row0 : 0; col0 < n; col0 += panel_cols) {
+      const int64_t cols = std::min(panel_cols, n - col0);
+      at::Tensor dots = scratch.narrow(0, 0, rows * cols).view({rows, cols});
+      const at::Tensor b_cols = bc.narrow(0, col0, cols);
+      if (ac.scalar_type() == at::kFloat) {
+        at::mm_out(dots, a_rows, b_cols.t());
+      } else {
+        at::mm_out(dots, a_rows, b_cols.t(), at::kFloat);  // 16-bit operands, float32 dot products
+      }
+      args.dots = dots.data_ptr<float>();
+      args.ld = cols;
+      args.rows = rows;
+      args.cols = cols;
+      args.row0 = row0;
+      args.col0 = col0;
+      args.a_inv_norm = a_inv.data_ptr<float>() + row0;
+      args.b_inv_norm = b_inv.data_ptr<float>() + col0;
+      args.first = first;
+      const char* err = repcap::cuda::pairwise_cosine_stats_panel_cuda(args);
+      TORCH_CHECK(err == nullptr, "pairwise_cosine_stats (cuda, panels): ", err ? err : "");
+      first = false;
+    }
+  }
+  const at::Tensor sums = block_sum.cpu(), sums_sq = block_sum_sq.cpu(), mins = block_min.cpu(),
+                   maxs = block_max.cpu();
+  repcap::CosinePartial total = repcap::empty_partial();
+  for (int64_t k = 0; k < nb; ++k) {
+    repcap::CosinePartial p;
+    p.sum = sums.data_ptr<double>()[k];
+    p.sum_sq = sums_sq.data_ptr<double>()[k];
+    p.min = mins.data_ptr<float>()[k];
+    p.max = maxs.data_ptr<float>()[k];
+    TORCH_CHECK(!std::isnan(p.sum) && !std::isnan(p.sum_sq), "pairwise_cosine_stats (cuda, panels): internal error, "
+                "block ", k, " did not write its partials");
+    repcap::merge_partial(&total, p);
+  }
+  const at::Tensor outside = block_outside.sum(0).cpu();
+  const int64_t pairs = pair_count(m, n, self_pairs);
+  const int64_t below = outside.data_ptr<int64_t>()[0], above = outside.data_ptr<int64_t>()[1];
+  auto outputs = make_outputs(total, pairs, below, above, bins);
+  std::get<2>(outputs).copy_(hist);
+  TORCH_CHECK(std::get<2>(outputs).sum().item<int64_t>() + below + above == pairs,
+              "pairwise_cosine_stats (cuda, panels): internal error, the histogram does not count every pair");
+  return outputs;
+}
+
 // CUDA: persistent blocks write per-block partials; they are merged here in block order.
 StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_inv_norm,
                                       const c10::optional<at::Tensor>& b,
@@ -176,6 +279,7 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
   const at::Tensor bc = self_pairs ? ac : b->contiguous();
   const at::Tensor a_inv = a_inv_norm.contiguous();
   const at::Tensor b_inv = self_pairs ? a_inv : b_inv_norm->contiguous();
+  if (use_cuda_panels()) return pairwise_cosine_stats_cuda_panels(ac, a_inv, bc, b_inv, self_pairs, bins, lo, hi);
 
   repcap::cuda::PairwiseCosineStatsArgs args{};
   args.a = ac.data_ptr();

@@ -88,6 +88,29 @@ def test_triton_grouped_variant_matches_the_reference(monkeypatch, device, backe
         assert (again.sum, again.sum_sq) == (got.sum, got.sum_sq)  # bitwise repeatable
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("bins", [4096, 65536], ids=["shared-hist", "global-hist"])
+def test_cuda_panels_variant_matches_the_reference(monkeypatch, dtype, bins):
+    """REPCAP_CUDA_STATS_KERNEL=panels: cuBLAS panels of 8192 x 8192 dot products and the
+    reduction kernel. 9000 rows make a diagonal panel, an off-diagonal one and a second diagonal
+    one of 808 rows; B of 8300 rows two column panels."""
+    gpu_backend_built("cuda")
+    monkeypatch.setenv("REPCAP_CUDA_STATS_KERNEL", "panels")
+    a = random_matrix(9000, 64, dtype)
+    stats = rf.pairwise_cosine_stats(a.cuda(), backend="cuda", bins=bins)
+    assert_matches(stats, cosines64(a), dtype=dtype, bins=bins)
+    again = rf.pairwise_cosine_stats(a.cuda(), backend="cuda", bins=bins)
+    assert (again.sum, again.sum_sq, again.min, again.max) == (stats.sum, stats.sum_sq, stats.min, stats.max)
+    assert torch.equal(again.hist, stats.hist)
+    b = random_matrix(8300, 64, dtype, seed=5)
+    rect = rf.pairwise_cosine_stats(a[:100].cuda(), b.cuda(), backend="cuda", bins=bins, range=(-0.3, 0.4))
+    assert_matches(rect, cosines64(a[:100], b), dtype=dtype, bins=bins, lo=-0.3, hi=0.4)
+    monkeypatch.setenv("REPCAP_CUDA_STATS_KERNEL", "fastest")
+    with pytest.raises(RuntimeError, match="REPCAP_CUDA_STATS_KERNEL must be auto, tiles or panels"):
+        rf.pairwise_cosine_stats(a[:10].cuda(), backend="cuda")
+
+
 @pytest.mark.parametrize("self_pairs", [True, False])
 @pytest.mark.parametrize("rows,cols,group", [(1, 1, 2), (7, 7, 2), (9, 13, 4), (40, 40, 16), (3, 50, 16)])
 def test_grouped_tile_order_is_a_permutation_in_super_tiles(self_pairs, rows, cols, group):
@@ -361,11 +384,11 @@ def test_minilm_cpu_matches_reference(minilm_embeddings, minilm_reference):
 
 @pytest.mark.slow
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cuda", "triton", "triton-grouped"])
+@pytest.mark.parametrize("backend", ["cuda", "cuda-panels", "triton", "triton-grouped"])
 def test_minilm_gpu_matches_reference(minilm_embeddings, minilm_reference, backend, monkeypatch):
-    if backend == "triton-grouped":
-        monkeypatch.setenv("REPCAP_TRITON_STATS_KERNEL", "grouped")
-        backend = "triton"
+    if backend in ("triton-grouped", "cuda-panels"):  # the second kernel variant of each, by name
+        backend, variant = backend.split("-")
+        monkeypatch.setenv(f"REPCAP_{backend.upper()}_STATS_KERNEL", variant)
     gpu_backend_built(backend)
     e, ref = minilm_embeddings, minilm_reference
     mean_ref = ref["sum"] / ref["count"]

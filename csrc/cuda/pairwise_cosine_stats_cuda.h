@@ -44,5 +44,38 @@ int pairwise_cosine_stats_cuda_num_blocks(const PairwiseCosineStatsArgs& args, i
 // Launches the kernel on args.stream. Returns nullptr on success, else a static error message.
 const char* pairwise_cosine_stats_cuda(const PairwiseCosineStatsArgs& args);
 
+// The "panels" variant's reduction (csrc/cuda/pairwise_cosine_stats_panels_cuda.cu): one panel
+// of float32 dot products, formed by cuBLAS (csrc/pairwise_cosine_stats_ops.cpp), reduced with
+// the epilogue math of csrc/pairwise_cosine_stats_epilogue.h.
+struct CosinePanelArgs {
+  const float* dots;          // rows x cols, row-major, leading dimension ld: a_i·b_j
+  int64_t ld;
+  int64_t rows;               // a's rows [row0, row0 + rows)
+  int64_t cols;               // b's rows [col0, col0 + cols)
+  int64_t row0;
+  int64_t col0;
+  const float* a_inv_norm;    // rows: 1/‖a_i‖ of the panel's rows
+  const float* b_inv_norm;    // cols
+  bool self_pairs;            // pairs i<j only (global indices)
+  bool first;                 // the first panel: the per-block partials are written, not added to
+  HistogramSpec hist;
+  int num_blocks;             // the grid; the same for every panel of a call
+  // Per-block partials, slot k read and written by block k only (panels run one after another
+  // on one stream, so each slot sums its panels in panel order):
+  double* block_sum;          // num_blocks
+  double* block_sum_sq;       // num_blocks
+  float* block_min;           // num_blocks
+  float* block_max;           // num_blocks
+  int64_t* block_outside;     // num_blocks x 2: (below, above)
+  int64_t* hist_out;          // hist.bins, zeroed before the first panel: integer atomics
+  cudaStream_t stream;
+};
+
+// Number of blocks of the panel reduction on a device with `sm_count` SMs.
+int cosine_panel_num_blocks(int sm_count);
+
+// Reduces one panel on args.stream. Returns nullptr on success, else a static error message.
+const char* pairwise_cosine_stats_panel_cuda(const CosinePanelArgs& args);
+
 }  // namespace cuda
 }  // namespace repcap

@@ -27,6 +27,7 @@ from .. import _validation as val
 from .. import distributed
 from .._backends import (
     check_precision,
+    cublas_precision,
     kernel_limits,
     launcher,
     precision_code,
@@ -453,9 +454,12 @@ def _pairwise_cosine_stats(inputs: _Inputs, progress: Optional[bool], group) -> 
 
 @register_kernel("pairwise_cosine_stats", "cpu", "cuda")
 def _pairwise_cosine_stats_compiled(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision):
-    """The C++ op; the dispatcher routes CPU tensors to csrc/cpu and CUDA tensors to csrc/cuda."""
-    return torch.ops.repcap_fast.pairwise_cosine_stats(a, a_inv_norm, b, b_inv_norm, bins, lo, hi,
-                                                       precision_code(precision))
+    """The C++ op; the dispatcher routes CPU tensors to csrc/cpu and CUDA tensors to csrc/cuda. On
+    CUDA its kernel variant is REPCAP_CUDA_STATS_KERNEL's ("tiles", or "panels", whose float32
+    GEMMs run through cuBLAS at `precision`, set here)."""
+    with cublas_precision(precision, a.device):
+        return torch.ops.repcap_fast.pairwise_cosine_stats(a, a_inv_norm, b, b_inv_norm, bins, lo, hi,
+                                                           precision_code(precision))
 
 
 @register_kernel("pairwise_cosine_stats", "triton")
