@@ -5,6 +5,9 @@ with the floor (the two GEMMs of the same shape the kernel must do) and peak ext
     python -m pytest bench/bench_penalty.py -s            # CPU: k=8192, d=256, p=8
     python -m pytest bench/bench_penalty.py -s -k gpu     # GPU: k=32768 and 262144, d=4096
 
+Kernel variants are named "backend" (precision "highest") or "backend:precision" ("cuda:tf32",
+"triton:bf16": the packing optimizer's reduced-precision steps).
+
 Peak extra memory beyond X itself: on the CPU in a fresh process per variant (VmHWM growth), on a
 GPU from the caching allocator's peak. Results: a table printed last and JSON under
 bench/results/ (bench/_harness.py).
@@ -32,12 +35,13 @@ from _harness import (
     write_results,
 )
 
-RESULTS = {"cpu": {}, "gpu": {}, "gpu_huge": {}}
+RESULTS = {"cpu": {}, "gpu": {}, "gpu_huge": {}, "gpu_packing": {}}
 P = 8
 
 CPU_K, CPU_D = (2048, 64) if SMOKE else (8192, 256)
 GPU_K, GPU_D = (4096, 512) if SMOKE else (32768, 4096)
 GPU_HUGE_K = 16384 if SMOKE else 262144
+PACKING_STEPS = 5 if SMOKE else 50
 
 
 def make_x(k, d, device, seed=0):
@@ -56,7 +60,8 @@ def step(variant, X):
     elif variant == "floor":
         return floor_gemms(X)
     else:
-        loss = rf.gram_offdiag_penalty(X, P, backend=variant)
+        backend, _, precision = variant.partition(":")
+        loss = rf.gram_offdiag_penalty(X, P, backend=backend, precision=precision or "highest")
     loss.backward()
     return loss
 
@@ -133,21 +138,42 @@ def test_cpu(benchmark, variant):
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 
 
+KERNEL_VARIANTS = [f"{backend}{suffix}" for backend in ("cuda", "triton") for suffix in ("", ":tf32", ":bf16")]
+
+
 @gpu
-@pytest.mark.parametrize("variant", ["cuda", "triton", "torch_autograd", "floor"])
+@pytest.mark.parametrize("variant", KERNEL_VARIANTS + ["torch_autograd", "floor"])
 def test_gpu(benchmark, variant):
     built = rf.info()["built"]
-    if variant in ("cuda", "triton") and not built[variant]:
-        pytest.skip(f"{variant} not built")
+    backend = variant.partition(":")[0]
+    if backend in ("cuda", "triton") and not built[backend]:
+        pytest.skip(f"{backend} not built")
     run_variant("gpu", variant, GPU_K, GPU_D, "cuda", rounds=3, benchmark=benchmark)
 
 
 @gpu
-def test_gpu_huge_k_runs():
+@pytest.mark.parametrize("variant", ["cuda", "cuda:tf32", "cuda:bf16"])
+def test_gpu_huge_k_runs(variant):
     """k = 262144, d = 4096: a materialized float32 Gram would need k²·4 B = 275 GB."""
     if not rf.info()["built"]["cuda"]:
         pytest.skip("cuda not built")
-    run_variant("gpu_huge", "cuda", GPU_HUGE_K, GPU_D, "cuda", rounds=1)
+    run_variant("gpu_huge", variant, GPU_HUGE_K, GPU_D, "cuda", rounds=1)
+
+
+@gpu
+@pytest.mark.parametrize("precision", ["highest", "tf32", "bf16"])
+def test_gpu_packing_cell(precision):
+    """One packing cell at k = 32,768, d = 4096 (method "paper", default backend): PACKING_STEPS
+    steps timed (after the exact ε* of the start), the paper's 5000 steps extrapolated from them
+    (target: at most 10 minutes), ε* of the result measured by the exact kernel."""
+    res = rf.packing.optimize(GPU_K, GPU_D, steps=PACKING_STEPS, device="cuda", precision=precision,
+                              progress=False)
+    out = {"k": GPU_K, "d": GPU_D, "p": res.p, "steps": PACKING_STEPS, "backend": res.backend,
+           "seconds": res.seconds, "seconds_per_step": res.seconds / PACKING_STEPS,
+           "extrapolated_5000_steps_s": 5000 * res.seconds / PACKING_STEPS, "eps_star": res.eps_star,
+           "eps_star_init": res.eps_star_init, "loss_init": res.loss_init, "loss_final": res.loss_final}
+    RESULTS["gpu_packing"][precision] = out
+    emit(out, f"gpu_packing {precision}")
 
 
 def _ratios(section):
@@ -157,7 +183,9 @@ def _ratios(section):
     out = {f"torch_autograd_over_{fast}": ratio(seconds.get("torch_autograd"), seconds.get(fast)),
            f"{fast}_over_floor": ratio(seconds.get(fast), seconds.get("floor"))}
     if section != "cpu":
-        out["torch_autograd_over_triton"] = ratio(seconds.get("torch_autograd"), seconds.get("triton"))
+        for variant in KERNEL_VARIANTS:
+            if variant != fast:
+                out[f"torch_autograd_over_{variant}"] = ratio(seconds.get("torch_autograd"), seconds.get(variant))
     return {key: value for key, value in out.items() if value is not None}
 
 
@@ -179,3 +207,11 @@ def teardown_module(module):
         write_results(f"penalty_{section}", {"op": "gram_offdiag_penalty (forward + backward)", "p": P,
                                              "results": RESULTS[section], "ratios": ratios,
                                              "huge_k": RESULTS["gpu_huge"] if section == "gpu" else {}}, lines)
+    if RESULTS["gpu_packing"]:
+        rows = [{"precision": name, **r} for name, r in RESULTS["gpu_packing"].items()]
+        lines = [f"packing cell k={GPU_K}, d={GPU_D}: {PACKING_STEPS} steps timed, 5000 extrapolated"]
+        lines += format_table([("precision", "precision"), ("seconds_per_step", "s/step"),
+                               ("extrapolated_5000_steps_s", "5000 steps, s"), ("eps_star", "eps*")], rows,
+                              {"seconds_per_step": ".4f", "extrapolated_5000_steps_s": ".1f", "eps_star": ".6f"})
+        write_results("penalty_gpu_packing",
+                      {"op": "packing.optimize (method paper)", "results": RESULTS["gpu_packing"]}, lines)

@@ -82,7 +82,7 @@ step bench-penalty 120 bench bench/bench_penalty.py -k "test_gpu and not huge"
 step bench-cosine 240 bench bench/bench_cosine_stats.py -k "gpu or report"
 step diagnostics 120 python bench/gpu_diagnostics.py "$out/gpu_diagnostics.json"
 step nccl-smoke 90 python bench/bench_distributed.py --gpu-smoke
-step bench-penalty-huge 120 bench bench/bench_penalty.py -k huge
+step bench-penalty-huge 240 bench bench/bench_penalty.py -k "huge or packing_cell"
 echo "total: $(( $(date +%s) - t0 )) s   tests rc=$tests_rc" | tee -a "$log"
 echo
 grep -h "^\[gpu\|^== \(subspace_pga\|gram_offdiag_penalty\) gpu\|^GPU \|x$\|^  [0-9]" "$log" | tail -40

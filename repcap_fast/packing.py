@@ -373,10 +373,15 @@ def _optimize_across_ranks(run: _Run, progress, group) -> PackingResult:
         torch.distributed.all_gather(pieces, padded, group=group)
         return torch.cat([piece[: len(sh)] for piece, sh in zip(pieces, shares)]).to(full.device)
 
-    def block_step(rows: torch.Tensor):
+    def block_step(rows: torch.Tensor, exact: bool):
+        """This rank's part of the loss and its rows' gradient at the steps' precision; with
+        `exact`, the part from the exact kernel instead (loss_init and loss_final)."""
         if not len(own):
             return torch.zeros((), dtype=torch.float64), None
-        return gram_offdiag_penalty_block(rows, own.start, own.stop, run.p, run.backend, run.precision)
+        part, grad = gram_offdiag_penalty_block(rows, own.start, own.stop, run.p, run.backend, run.precision)
+        if exact:
+            part = gram_offdiag_penalty_block(rows, own.start, own.stop, run.p, run.backend, "highest")[0]
+        return part, grad
 
     start = time.perf_counter()
     with progress_bar(progress if rank == 0 else False, total=run.steps,
@@ -384,9 +389,8 @@ def _optimize_across_ranks(run: _Run, progress, group) -> PackingResult:
                       work=4.0 * run.k * run.k * run.d * run.steps / world, auto_above=_PROGRESS_FLOPS) as bar:
         for step in range(run.steps):
             rows = gather_rows()
-            part, grad = distributed.run_on_every_rank("optimize", lambda: block_step(rows), group)
-            if _reports_exact(run, step) and len(own):  # loss_init and loss_final from the exact kernel
-                part = gram_offdiag_penalty_block(rows, own.start, own.stop, run.p, run.backend, "highest")[0]
+            exact = _reports_exact(run, step)
+            part, grad = distributed.run_on_every_rank("optimize", lambda: block_step(rows, exact), group)
             total = part.detach().to(torch.float64).reshape(1).to(comm)
             torch.distributed.all_reduce(total, group=group)
             if grad is not None:
