@@ -150,6 +150,26 @@ StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_in
 }
 
 #ifdef REPCAP_WITH_CUDA
+// The per-block partials of a CUDA variant (device tensors, poisoned with NaN), merged in block
+// order on the host (float64, fixed order: bitwise repeatable); a slot left NaN is an internal error.
+repcap::CosinePartial merge_block_partials(const at::Tensor& block_sum, const at::Tensor& block_sum_sq,
+                                           const at::Tensor& block_min, const at::Tensor& block_max, const char* who) {
+  const at::Tensor sums = block_sum.cpu(), sums_sq = block_sum_sq.cpu();
+  const at::Tensor mins = block_min.cpu(), maxs = block_max.cpu();
+  repcap::CosinePartial total = repcap::empty_partial();
+  for (int64_t k = 0; k < sums.numel(); ++k) {
+    repcap::CosinePartial p;
+    p.sum = sums.data_ptr<double>()[k];
+    p.sum_sq = sums_sq.data_ptr<double>()[k];
+    p.min = mins.data_ptr<float>()[k];
+    p.max = maxs.data_ptr<float>()[k];
+    TORCH_CHECK(!std::isnan(p.sum) && !std::isnan(p.sum_sq) && !std::isnan(p.min) && !std::isnan(p.max), who,
+                ": internal error, block ", k, " did not write its partials");
+    repcap::merge_partial(&total, p);
+  }
+  return total;
+}
+
 // The CUDA kernel variant, by name: REPCAP_CUDA_STATS_KERNEL = "auto" (default: "tiles", the only
 // one an H200 has timed so far), "tiles" (the fused persistent kernel) or "panels" (cuBLAS panels
 // and a reduction kernel, pairwise_cosine_stats_cuda_panels).
@@ -229,19 +249,8 @@ StatsTuple pairwise_cosine_stats_cuda_panels(const at::Tensor& ac, const at::Ten
       first = false;
     }
   }
-  const at::Tensor sums = block_sum.cpu(), sums_sq = block_sum_sq.cpu(), mins = block_min.cpu(),
-                   maxs = block_max.cpu();
-  repcap::CosinePartial total = repcap::empty_partial();
-  for (int64_t k = 0; k < nb; ++k) {
-    repcap::CosinePartial p;
-    p.sum = sums.data_ptr<double>()[k];
-    p.sum_sq = sums_sq.data_ptr<double>()[k];
-    p.min = mins.data_ptr<float>()[k];
-    p.max = maxs.data_ptr<float>()[k];
-    TORCH_CHECK(!std::isnan(p.sum) && !std::isnan(p.sum_sq), "pairwise_cosine_stats (cuda, panels): internal error, "
-                "block ", k, " did not write its partials");
-    repcap::merge_partial(&total, p);
-  }
+  const repcap::CosinePartial total =
+      merge_block_partials(block_sum, block_sum_sq, block_min, block_max, "pairwise_cosine_stats (cuda, panels)");
   const at::Tensor outside = block_outside.sum(0).cpu();
   const int64_t pairs = pair_count(m, n, self_pairs);
   const int64_t below = outside.data_ptr<int64_t>()[0], above = outside.data_ptr<int64_t>()[1];
@@ -321,22 +330,8 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
   const char* err = repcap::cuda::pairwise_cosine_stats_cuda(args);
   TORCH_CHECK(err == nullptr, "pairwise_cosine_stats (cuda): ", err ? err : "");
 
-  // Fixed-order float64 merge on the host.
-  const at::Tensor sums = block_sum.cpu(), sums_sq = block_sum_sq.cpu();
-  const at::Tensor mins = block_min.cpu(), maxs = block_max.cpu();
-  repcap::CosinePartial total = repcap::empty_partial();
-  for (int64_t k = 0; k < nb; ++k) {
-    repcap::CosinePartial p;
-    p.sum = sums.data_ptr<double>()[k];
-    p.sum_sq = sums_sq.data_ptr<double>()[k];
-    p.min = mins.data_ptr<float>()[k];
-    p.max = maxs.data_ptr<float>()[k];
-    TORCH_CHECK(!std::isnan(p.sum) && !std::isnan(p.sum_sq) && !std::isnan(p.min) &&
-                    !std::isnan(p.max),
-                "pairwise_cosine_stats (cuda): internal error, block ", k,
-                " did not write its partials");
-    repcap::merge_partial(&total, p);
-  }
+  const repcap::CosinePartial total =
+      merge_block_partials(block_sum, block_sum_sq, block_min, block_max, "pairwise_cosine_stats (cuda)");
   const at::Tensor outside = block_outside.sum(0).cpu();  // integer: order-independent
   const int64_t pairs = pair_count(args.m, args.n, self_pairs);
   const int64_t below = outside.data_ptr<int64_t>()[0], above = outside.data_ptr<int64_t>()[1];

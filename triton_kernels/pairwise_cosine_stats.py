@@ -31,6 +31,35 @@ from .._backends import kernel_limits
 from ._utils import device_guard, input_precision, interpreting, tile_counts, upper_tile_coords
 
 
+# The cosines of one tile, rows × cols of a against b (a spare iteration passes rows ≥ m):
+#   c_ij = clamp(a_i·b_j · inv‖a_i‖ · inv‖b_j‖, −1, 1), the dot products accumulated in float32
+#   over d in BLOCK_K steps; keep = the pairs inside both matrices (and j > i when SELF_PAIRS).
+@triton.jit
+def _cosine_tile(a_ptr, b_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d, stride_a, stride_b,
+                 SELF_PAIRS: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = rows < m
+    col_ok = cols < n
+    dots = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, d, BLOCK_K):
+        ks = k0 + offs_k
+        k_ok = ks < d
+        a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptr + cols[:, None] * stride_b + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        dots = tl.dot(a, tl.trans(b), dots, input_precision=INPUT_PRECISION, out_dtype=dots.dtype)
+    inv_a = tl.load(a_inv_ptr + rows, mask=row_ok, other=0.0)
+    inv_b = tl.load(b_inv_ptr + cols, mask=col_ok, other=0.0)
+    c = tl.minimum(tl.maximum(dots * inv_a[:, None] * inv_b[None, :], -1.0), 1.0)
+    keep = row_ok[:, None] & col_ok[None, :]
+    if SELF_PAIRS:
+        keep = keep & (cols[None, :] > rows[:, None])
+    return c, keep
+
+
 # c_ij = clamp(a_i·b_j · inv‖a_i‖ · inv‖b_j‖, -1, 1) over kept pairs (j > i when SELF_PAIRS);
 # per program: Σc, Σc², min c, max c, #(c < lo), #(c > hi), hist[floor((c - lo)·bins/(hi - lo))].
 # Sizes are not specialized (a size of 1 would become a constexpr and recompile the kernel);
@@ -52,9 +81,6 @@ def _pairwise_cosine_stats_kernel(
     acc_max = tl.full([1], float("-inf"), dtype=tl.float32)
     acc_below = tl.zeros([1], dtype=tl.int64)
     acc_above = tl.zeros([1], dtype=tl.int64)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     for it in range(0, tiles_per_program):
         # Static strided assignment: program p takes tiles p, p + P, p + 2P, ...
         t_raw = pid.to(tl.int64) + it * n_programs
@@ -65,29 +91,10 @@ def _pairwise_cosine_stats_kernel(
         else:
             bi = t64 // n_col_tiles
             bj = t64 % n_col_tiles
-        rows = bi * BLOCK_M + offs_m + tl.where(tile_ok, 0, m)  # a spare iteration keeps nothing
-        cols = bj * BLOCK_N + offs_n
-        row_ok = rows < m
-        col_ok = cols < n
-        dots = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, d, BLOCK_K):
-            ks = k0 + offs_k
-            k_ok = ks < d
-            a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :],
-                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptr + cols[:, None] * stride_b + ks[None, :],
-                        mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            dots = tl.dot(a, tl.trans(b), dots, input_precision=INPUT_PRECISION, out_dtype=dots.dtype)
-        inv_a = tl.load(a_inv_ptr + rows, mask=row_ok, other=0.0)
-        inv_b = tl.load(b_inv_ptr + cols, mask=col_ok, other=0.0)
-        c = dots * inv_a[:, None] * inv_b[None, :]
-        c = tl.minimum(tl.maximum(c, -1.0), 1.0)
-        keep = row_ok[:, None] & col_ok[None, :]
-        if SELF_PAIRS:
-            keep = keep & (cols[None, :] > rows[:, None])
+        rows = bi * BLOCK_M + tl.arange(0, BLOCK_M) + tl.where(tile_ok, 0, m)  # a spare iteration keeps nothing
+        cols = bj * BLOCK_N + tl.arange(0, BLOCK_N)
+        c, keep = _cosine_tile(a_ptr, b_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d, stride_a, stride_b,
+                               SELF_PAIRS, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
         c_kept = tl.where(keep, c, 0.0).to(tl.float64)
         acc_sum += tl.sum(tl.sum(c_kept, axis=1), axis=0)
         acc_sum_sq += tl.sum(tl.sum(c_kept * c_kept, axis=1), axis=0)
@@ -132,9 +139,6 @@ def _pairwise_cosine_stats_grouped_kernel(
 ):
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     offs_w = tl.arange(0, WINDOW)
     hist_row = hist_ptr + pid.to(tl.int64) * bins
     for it in range(0, tiles_per_program):
@@ -143,29 +147,10 @@ def _pairwise_cosine_stats_grouped_kernel(
         t = tl.minimum(t_raw, n_tiles - 1)
         bi = tl.load(order_ptr + 2 * t).to(tl.int64)
         bj = tl.load(order_ptr + 2 * t + 1).to(tl.int64)
-        rows = bi * BLOCK_M + offs_m + tl.where(tile_ok, 0, m)  # a spare iteration keeps nothing
-        cols = bj * BLOCK_N + offs_n
-        row_ok = rows < m
-        col_ok = cols < n
-        dots = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, d, BLOCK_K):
-            ks = k0 + offs_k
-            k_ok = ks < d
-            a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :],
-                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptr + cols[:, None] * stride_b + ks[None, :],
-                        mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            dots = tl.dot(a, tl.trans(b), dots, input_precision=INPUT_PRECISION, out_dtype=dots.dtype)
-        inv_a = tl.load(a_inv_ptr + rows, mask=row_ok, other=0.0)
-        inv_b = tl.load(b_inv_ptr + cols, mask=col_ok, other=0.0)
-        c = dots * inv_a[:, None] * inv_b[None, :]
-        c = tl.minimum(tl.maximum(c, -1.0), 1.0)
-        keep = row_ok[:, None] & col_ok[None, :]
-        if SELF_PAIRS:
-            keep = keep & (cols[None, :] > rows[:, None])
+        rows = bi * BLOCK_M + tl.arange(0, BLOCK_M) + tl.where(tile_ok, 0, m)  # a spare iteration keeps nothing
+        cols = bj * BLOCK_N + tl.arange(0, BLOCK_N)
+        c, keep = _cosine_tile(a_ptr, b_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d, stride_a, stride_b,
+                               SELF_PAIRS, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
         c_kept = tl.where(keep, c, 0.0)
         tl.store(tile_sum_ptr + t, tl.sum(tl.sum(c_kept, axis=1), axis=0).to(tl.float64), mask=tile_ok)
         tl.store(tile_sq_ptr + t, tl.sum(tl.sum(c_kept * c_kept, axis=1), axis=0).to(tl.float64), mask=tile_ok)
@@ -183,7 +168,7 @@ def _pairwise_cosine_stats_grouped_kernel(
         if SELF_PAIRS:
             first_col = tl.maximum(first_col, rows + 1)
         last_col = tl.minimum(bj * BLOCK_N + BLOCK_N, n)
-        n_kept = tl.sum(tl.where(row_ok, tl.maximum(last_col - first_col, 0), 0), axis=0)
+        n_kept = tl.sum(tl.where(rows < m, tl.maximum(last_col - first_col, 0), 0), axis=0)
         tile_mean = tl.sum(tl.sum(c_kept, axis=1), axis=0) / tl.maximum(n_kept, 1).to(tl.float32)
         b_mean = ((tl.minimum(tl.maximum(tile_mean, lo), hi) - lo) * bins_per_unit).to(tl.int32)
         b0 = tl.maximum(tl.minimum(b_mean - WINDOW // 2, bins - WINDOW), 0)

@@ -6,6 +6,7 @@
 
 #include "../gram_offdiag_penalty_epilogue.h"
 #include "../operand_rounding.h"
+#include "block_reduce.cuh"
 #include "gram_offdiag_penalty_cuda.h"
 
 namespace repcap {
@@ -13,27 +14,6 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// Fixed-order tree reduction over the block (deterministic); the result is valid in thread 0.
-template <typename V, typename Op>
-__device__ V block_reduce(V value, V* shared, Op op) {
-  shared[threadIdx.x] = value;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] = op(shared[threadIdx.x], shared[threadIdx.x + stride]);
-    __syncthreads();
-  }
-  return shared[0];
-}
-
-struct MaxOp {
-  template <typename V>
-  __device__ V operator()(V a, V b) const { return a > b ? a : b; }
-};
-struct SumOp {
-  template <typename V>
-  __device__ V operator()(V a, V b) const { return a + b; }
-};
 
 // One block per panel row r:
 //   t = max_{c ≠ diag} |g_rc|,  m_new = max(m_old, t),  1/m_new,
@@ -58,7 +38,7 @@ __global__ void __launch_bounds__(kThreads)
     const T a = (c == diag) ? T(0) : (v < T(0) ? -v : v);
     local_max = a > local_max ? a : local_max;
   }
-  const T tile_max = block_reduce(local_max, shared_max, MaxOp());
+  const T tile_max = block_reduce<kThreads>(local_max, shared_max, MaxOp());
   const T m_old = row_max[r];
   const T m_new = tile_max > m_old ? tile_max : m_old;
   const PenaltyRescale<T> rescale = penalty_rescale(m_old, m_new, p);
@@ -73,7 +53,7 @@ __global__ void __launch_bounds__(kThreads)
     local_sum += static_cast<double>(t.term);
     if (write_weights) row[c] = round_operand(t.weight, rounding);
   }
-  const double total = block_reduce(local_sum, shared_sum, SumOp());
+  const double total = block_reduce<kThreads>(local_sum, shared_sum, SumOp());
   if (threadIdx.x == 0) {
     row_sum[r] = row_sum[r] * rescale.alpha + total;
     row_max[r] = m_new;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "block_reduce.cuh"
 #include "pairwise_cosine_stats_cuda.h"
 
 namespace repcap {
@@ -17,31 +18,6 @@ constexpr int kPanelThreads = 256;
 // Histograms of up to this many bins are counted per block in shared memory (32 KB), larger ones
 // straight into the global int64 histogram.
 constexpr int kPanelSharedBins = 8192;
-
-// Fixed-order tree reduction over the block (deterministic); valid in thread 0.
-template <typename V, typename Op>
-__device__ V block_reduce(V value, V* shared, Op op) {
-  shared[threadIdx.x] = value;
-  __syncthreads();
-  for (int stride = kPanelThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] = op(shared[threadIdx.x], shared[threadIdx.x + stride]);
-    __syncthreads();
-  }
-  const V out = shared[0];
-  __syncthreads();  // the buffer is reused by the next reduction
-  return out;
-}
-
-struct Add {
-  template <typename V>
-  __device__ V operator()(V a, V b) const { return a + b; }
-};
-struct Min {
-  __device__ float operator()(float a, float b) const { return fminf(a, b); }
-};
-struct Max {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
 
 // Block k takes the panel rows k, k + K, ... (K = gridDim.x); its threads stride along the row.
 // For row r (i = row0 + r) and column c (j = col0 + c), kept when j > i for self pairs:
@@ -91,12 +67,12 @@ __global__ void __launch_bounds__(kPanelThreads) cosine_panel_kernel(CosinePanel
       }
     }
   }
-  const double block_sum = block_reduce(sum, shared_double, Add());
-  const double block_sum_sq = block_reduce(sum_sq, shared_double, Add());
-  const float block_min = block_reduce(lowest, shared_float, Min());
-  const float block_max = block_reduce(highest, shared_float, Max());
-  const long long block_below = block_reduce(below, shared_count, Add());
-  const long long block_above = block_reduce(above, shared_count, Add());
+  const double block_sum = block_reduce<kPanelThreads>(sum, shared_double, SumOp());
+  const double block_sum_sq = block_reduce<kPanelThreads>(sum_sq, shared_double, SumOp());
+  const float block_min = block_reduce<kPanelThreads>(lowest, shared_float, MinOp());
+  const float block_max = block_reduce<kPanelThreads>(highest, shared_float, MaxOp());
+  const long long block_below = block_reduce<kPanelThreads>(below, shared_count, SumOp());
+  const long long block_above = block_reduce<kPanelThreads>(above, shared_count, SumOp());
   if (threadIdx.x == 0) {
     const int k = blockIdx.x;
     if (args.first) {
