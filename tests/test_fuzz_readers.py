@@ -354,8 +354,8 @@ def sharded_dir(directory):
 
 def cell(k, d, eps=0.25):
     rec = {key: 0.5 for key in CELL_FIELDS}
-    rec.update(k=k, d=d, method="paper", steps=10, p_start=3, p=3, polish_steps=0, seed=0, dtype="float32", lr=0.005,
-               eps_star=eps, eps_over_welch=None)
+    rec.update(k=k, d=d, method="paper", steps=10, p_start=3, p=3, polish_steps=0, seed=0, dtype="float32",
+               precision="highest", lr=0.005, eps_star=eps, eps_over_welch=None)
     return rec
 
 
@@ -707,6 +707,8 @@ def test_sweep_without_cells(tmp_path):
     ("d", "4", r"d is '4', not an int in \[1, 2\^63 - 1\]"),
     ("k", True, r"k is 'True', not an int in \[1, 2\^63 - 1\]"),
     ("dtype", 32, r"dtype is '32', not a string"),
+    ("precision", 3, r"precision is '3', not a string"),
+    ("precision", "fp8", r"precision is 'fp8', not one of highest, tf32, bf16"),
 ])
 def test_sweep_cell_of_the_wrong_type_is_refused_when_read(tmp_path, field, value, expected):
     cells = [cell(20, 4), cell(30, 4)]
