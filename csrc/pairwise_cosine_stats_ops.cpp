@@ -288,7 +288,9 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
   const at::Tensor bc = self_pairs ? ac : b->contiguous();
   const at::Tensor a_inv = a_inv_norm.contiguous();
   const at::Tensor b_inv = self_pairs ? a_inv : b_inv_norm->contiguous();
-  if (use_cuda_panels()) return pairwise_cosine_stats_cuda_panels(ac, a_inv, bc, b_inv, self_pairs, bins, lo, hi);
+  if (use_cuda_panels()) {  // values only: out= GEMMs refuse inputs that require grad
+    return pairwise_cosine_stats_cuda_panels(ac.detach(), a_inv, bc.detach(), b_inv, self_pairs, bins, lo, hi);
+  }
 
   repcap::cuda::PairwiseCosineStatsArgs args{};
   args.a = ac.data_ptr();

@@ -26,9 +26,10 @@ Kernels:
 Everything is bitwise repeatable: fixed reduction orders, no float atomics. Integer powers by
 repeated squaring with a runtime exponent (one compiled kernel serves every p).
 
-Precision (float32 x): "highest" IEEE float32 dots; "tf32" TF32 tensor cores; "bf16" both dots'
-operands (x, and the weights) cast to bfloat16, float32 accumulation. Under the interpreter the
-operands are rounded explicitly instead (see _operand), as the C++ CPU kernel emulates them.
+Precision (float32 x): "highest" IEEE float32 dots; "tf32" both dots' operands (x, and the
+weights) rounded to TF32 to nearest, then TF32 tensor cores; "bf16" the operands cast to bfloat16;
+float32 accumulation. Under the interpreter both are rounded in the bits (see _operand), as the C++
+CPU kernel emulates them.
 """
 
 import math
@@ -90,12 +91,11 @@ def _rescale(m_old, m_new, e, nbits):
 
 
 # A dot operand v (float32 or float64) in the format of the op's precision (ROUNDING, see
-# _operand_rounding): "none" as loaded (IEEE, or TF32 by the tensor cores when INPUT_PRECISION is
-# "tf32"); "bf16" cast to bfloat16 (round to nearest even; exact products, float32 sums). Under the
-# interpreter the rounding is done here in the bits and the values stay float32, as
-# csrc/operand_rounding.h does on the CPU: its tl.dot ignores input_precision and returns garbage
-# for bfloat16 operands, and its float32 → bfloat16 cast truncates. "tf32_rna": to TF32 (nearest,
-# ties away from zero); "bf16_rne": to bfloat16 (nearest, ties to even). NaN and ±Inf pass through.
+# _operand_rounding): "none" as loaded; "bf16" cast to bfloat16 (round to nearest even; exact
+# products, float32 sums); "tf32_rna" rounded to TF32 in the bits (nearest, ties away from zero, as
+# csrc/operand_rounding.h), so the TF32 tensor cores see exact TF32 values; "bf16_rne" rounded to
+# bfloat16 in the bits, the values kept float32 (the interpreter: its tl.dot returns garbage for
+# bfloat16 operands, and its float32 → bfloat16 cast truncates). NaN and ±Inf pass through.
 @triton.jit
 def _operand(v, ROUNDING: tl.constexpr):
     if ROUNDING == "bf16":
@@ -349,7 +349,9 @@ def _config(kind: str, dtype: torch.dtype, interp: bool, precision: str = "ieee"
     """Tile sizes per kernel. kind: "gram" (forward and panel step 1: BLOCK_M, BLOCK_N, BLOCK_K),
     "fused" (BLOCK_M, BLOCK_N; block_k unused), "gemm" (BLOCK_M, BLOCK_D as block_n, BLOCK_K),
     "merge" (BLOCK_M). GPU tiles: the largest that ptxas fits in registers for sm_90 without
-    spilling (tf32 panel step 1: 28 bytes), per `python tests/triton_aot.py --ptxas-info`."""
+    spilling, per `python tests/triton_aot.py --ptxas-info` with Triton 3.6 (2026-12-03, bytes of
+    spill stores per thread: tf32 panel step 1 28, tf32 fused 64 with the operands rounded in the
+    bits; bf16 on sm_80 panel step 1 112, fused 48; none else)."""
     fp64 = dtype == torch.float64
     tf32 = precision == "tf32" and not fp64
     if interp:
@@ -397,14 +399,15 @@ def _panel_shape(m: int, k: int, dtype: torch.dtype, interp: bool, precision: st
 
 def _operand_rounding(precision: str, dtype: torch.dtype, interp: bool) -> str:
     """The kernels' ROUNDING for `precision` and x's dtype (see _operand): float64 and "highest"
-    are not rounded; "bf16" casts to bfloat16; "tf32" is the tensor cores' own on a GPU; the
-    interpreter rounds both explicitly, since its tl.dot computes in float32 whatever the input
-    precision."""
+    are not rounded; "bf16" casts to bfloat16 (rounded in the bits under the interpreter, whose
+    tl.dot computes in float32 and whose cast truncates); "tf32" is rounded in the bits everywhere:
+    the tensor cores would otherwise drop the 13 low bits of each float32 operand (truncation), and
+    the CPU emulation and the CUDA backend round to nearest."""
     if dtype != torch.float32 or precision == "highest":
         return "none"
     if precision == "bf16":
         return "bf16_rne" if interp else "bf16"
-    return "tf32_rna" if interp else "none"
+    return "tf32_rna"
 
 
 def _launch(x, row_offset, m, p, with_grad, row_max, row_sum, grad, precision, interp):

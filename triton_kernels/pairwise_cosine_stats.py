@@ -11,10 +11,10 @@ Two variants, selected by name (``KERNEL_VARIANTS``; the environment variable
 * "grouped": persistent programs over the tiles in a grouped (super-tile) order, so the tiles in
   flight at once share few row and column panels, which stay in L2; each tile is reduced in
   float32 (Σc, Σc², min, max, below, above) and written as one partial per tile (the sums as
-  float64), reduced in tile order afterwards; the histogram of each tile is counted in registers
-  over a window of WINDOW bins centred on the tile mean's bin (the cosines of a tile cluster:
-  σ ≈ 1/√d) and added to the program's slice with one vector of integer atomics, only the pairs
-  outside the window taking one atomic each.
+  float64), summed afterwards by torch over the tiles (a fixed reduction tree); the histogram of
+  each tile is counted in registers over a window of WINDOW bins centred on the tile mean's bin
+  (the cosines of a tile cluster: σ ≈ 1/√d) and added to the program's slice with one vector of
+  integer atomics, only the pairs outside the window taking one atomic each.
 
 Both are bitwise repeatable (the partials do not depend on the schedule, and are merged in a fixed
 order), and their integer counts are exact.
@@ -363,7 +363,7 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, pre
         partials = _grouped_partials(m, n, a.shape[1], self_pairs, a.dtype, programs, bins, a.device, interp)
         with device_guard(a):
             _launch_grouped(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp)
-        # Tile order: torch's float64 sum of a fixed-size vector is the same on every run.
+        # torch's float64 sum of the per-tile partials: a fixed reduction tree, the same on every run.
         moments = torch.stack([partials["tile_sum"].sum(), partials["tile_sq"].sum(),
                                partials["tile_min"].min().double(), partials["tile_max"].max().double()]).cpu()
         below, above = partials["tile_outside"].sum(0, dtype=torch.int64).cpu().tolist()
