@@ -88,6 +88,26 @@ def test_triton_grouped_variant_matches_the_reference(monkeypatch, device, backe
         assert (again.sum, again.sum_sq) == (got.sum, got.sum_sq)  # bitwise repeatable
 
 
+@pytest.mark.parametrize("device,backend", device_backends(kernels_only=True))
+def test_float32_highest_takes_mean_and_std_from_the_gram_identity(device, backend):
+    """float32 inputs at "highest": Σc, Σc², μ and σ are cosine_moments' (float64 Gram identity),
+    min, max and the histogram the pass's; "tf32" and 16-bit inputs keep the pass's own sums."""
+    gpu_backend_built(backend)
+    a = random_matrix(300, 24, torch.float32)
+    b = random_matrix(50, 24, torch.float32, seed=2)
+    for args in ((a,), (a, b)):
+        exact = rf.cosine_moments(*args)
+        got = rf.pairwise_cosine_stats(*(x.to(device) for x in args), backend=backend)
+        rel = 0.0 if device == "cpu" else 1e-12  # the GPU forms the d×d Grams in another order
+        assert got.sum == pytest.approx(exact.sum, rel=rel, abs=1e-12)
+        assert got.sum_sq == pytest.approx(exact.sum_sq, rel=rel)
+        assert (got.mean, got.std) == (pytest.approx(exact.mean, rel=rel, abs=1e-15), pytest.approx(exact.std, rel=rel))
+        assert got.settings["compute"].startswith("mean and std from the float64 Gram identity")
+        assert_matches(got, cosines64(*args), dtype=torch.float32)
+    assert rf.pairwise_cosine_stats(a.bfloat16().to(device), backend=backend).settings["compute"] == \
+        "float32 dot products, float64 sums"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("bins", [4096, 65536], ids=["shared-hist", "global-hist"])

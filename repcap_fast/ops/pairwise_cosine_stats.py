@@ -304,12 +304,18 @@ def pairwise_cosine_stats(
 
     Dot products are accumulated in float32 (float64 on the torch backend) and scaled by the
     inverse float64 row norms; per-job sums are merged in float64 in a fixed order, so a result
-    is bitwise repeatable on the same backend and machine.
+    is bitwise repeatable on the same backend and machine. For float32 (and float64) inputs at
+    precision "highest", μ, σ, ``sum`` and ``sum_sq`` come from the float64 Gram identity of
+    ``cosine_moments`` (exact to float64 rounding, O(V·d²) more work), and min, max and the
+    histogram from the pairwise pass.
     """
     group = distributed.resolve_group(group)
     inputs = distributed.prepare_on_every_rank("pairwise_cosine_stats", group, _check_inputs, A, B, bins, range,
                                                zero_rows, n_rows, backend, precision)
     raw = _pairwise_cosine_stats(inputs, progress, group)
+    exact_moments = _moments_from_gram_identity(inputs)
+    if exact_moments:
+        raw = _with_gram_moments(raw, inputs.ops)
     ops = inputs.ops
     return CosineStats(
         **raw, edges=torch.linspace(inputs.lo, inputs.hi, inputs.bins + 1, dtype=torch.float64),
@@ -318,8 +324,29 @@ def pairwise_cosine_stats(
         settings={"bins": inputs.bins, "range": [inputs.lo, inputs.hi], "zero_rows": zero_rows,
                   "n_rows": list(n_rows) if isinstance(n_rows, (tuple, list)) else n_rows,
                   "precision": precision, "dtype": str(ops.a.dtype).replace("torch.", ""),
-                  "compute": "float64" if inputs.backend == "torch" else "float32 dot products, float64 sums"},
+                  "compute": "float64" if inputs.backend == "torch" else
+                  ("mean and std from the float64 Gram identity; min, max and histogram from float32 dot products"
+                   if exact_moments else "float32 dot products, float64 sums")},
     )
+
+
+def _moments_from_gram_identity(inputs: _Inputs) -> bool:
+    """Whether μ, σ, sum and sum_sq come from the float64 Gram identity (``cosine_moments``,
+    O(V·d²)) rather than from the kernel's float32 cosines: float32 and float64 inputs at precision
+    "highest" on a kernel backend (the torch backend is float64 throughout; "tf32" and 16-bit inputs
+    keep the pass's own sums)."""
+    exact = (torch.float32, torch.float64)
+    ops = inputs.ops
+    return (inputs.backend != "torch" and inputs.precision == "highest" and ops.a.dtype in exact
+            and (ops.b is None or ops.b.dtype in exact))
+
+
+def _with_gram_moments(raw: dict, ops: Operands) -> dict:
+    """The kernel's statistics with Σc and Σc² from the float64 Gram identity, and μ, σ from them
+    (kept within the pass's [min, max])."""
+    exact = cosine_moments_reference(ops.a, ops.b)
+    mean, std = mean_std(raw["count"], exact["sum"], exact["sum_sq"], raw["min"], raw["max"])
+    return dict(raw, sum=exact["sum"], sum_sq=exact["sum_sq"], mean=mean, std=std)
 
 
 def cosine_moments(A, B=None, *, zero_rows: str = "error", n_rows: Optional[int] = None) -> CosineMoments:
