@@ -249,19 +249,23 @@ def _partials(programs: int, bins: int, device) -> dict:
             "hist": torch.zeros((programs, bins), dtype=torch.int64, device=device)}
 
 
+def _histogram_spec(bins: int, lo: float, hi: float):
+    """(lo, hi, bins_per_unit) as float32 values: the spec of make_histogram_spec in the C++/CUDA
+    epilogue, so every backend bins a cosine alike."""
+    spec_lo, spec_hi = float(torch.tensor(lo, dtype=torch.float32)), float(torch.tensor(hi, dtype=torch.float32))
+    return spec_lo, spec_hi, float(torch.tensor(bins / (spec_hi - spec_lo), dtype=torch.float32))
+
+
 def _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp):
     """Launches the kernel over `programs` programs into `partials` (contiguous a, b; b is None
     for the pairs i<j of a). No host synchronization."""
     self_pairs = b is None
-    b = a if self_pairs else b
-    b_inv_norm = a_inv_norm if self_pairs else b_inv_norm
+    b, b_inv_norm = (a, a_inv_norm) if self_pairs else (b, b_inv_norm)
+    block, block_k, num_warps, num_stages = _config(a.dtype, interp)
+    n_tiles, col_tiles = tile_counts(a.shape[0], b.shape[0], self_pairs, block)
+    spec_lo, spec_hi, bins_per_unit = _histogram_spec(bins, lo, hi)
     m, d = a.shape
     n = b.shape[0]
-    block, block_k, num_warps, num_stages = _config(a.dtype, interp)
-    n_tiles, col_tiles = tile_counts(m, n, self_pairs, block)
-    # The same float32 histogram spec as make_histogram_spec in the C++/CUDA epilogue.
-    spec_lo, spec_hi = float(torch.tensor(lo, dtype=torch.float32)), float(torch.tensor(hi, dtype=torch.float32))
-    bins_per_unit = float(torch.tensor(bins / (spec_hi - spec_lo), dtype=torch.float32))
     _pairwise_cosine_stats_kernel[(programs,)](
         a, b, a_inv_norm, b_inv_norm,
         m, n, d, a.stride(0), b.stride(0), n_tiles, col_tiles, triton.cdiv(n_tiles, programs),
@@ -297,14 +301,12 @@ def kernel_variant(dtype: torch.dtype) -> str:
 def _launch_grouped(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp):
     """The grouped kernel over `programs` programs into `partials` (_grouped_partials)."""
     self_pairs = b is None
-    b = a if self_pairs else b
-    b_inv_norm = a_inv_norm if self_pairs else b_inv_norm
-    m, d = a.shape
-    n = b.shape[0]
+    b, b_inv_norm = (a, a_inv_norm) if self_pairs else (b, b_inv_norm)
     block, block_k, num_warps, num_stages = _config(a.dtype, interp)
     n_tiles = partials["tile_sum"].shape[0]
-    spec_lo, spec_hi = float(torch.tensor(lo, dtype=torch.float32)), float(torch.tensor(hi, dtype=torch.float32))
-    bins_per_unit = float(torch.tensor(bins / (spec_hi - spec_lo), dtype=torch.float32))
+    spec_lo, spec_hi, bins_per_unit = _histogram_spec(bins, lo, hi)
+    m, d = a.shape
+    n = b.shape[0]
     _pairwise_cosine_stats_grouped_kernel[(programs,)](
         a, b, a_inv_norm, b_inv_norm, partials["order"],
         m, n, d, a.stride(0), b.stride(0), n_tiles, triton.cdiv(n_tiles, programs),
