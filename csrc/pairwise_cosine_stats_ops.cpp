@@ -150,25 +150,44 @@ StatsTuple pairwise_cosine_stats_cpu(const at::Tensor& a, const at::Tensor& a_in
 }
 
 #ifdef REPCAP_WITH_CUDA
-// The per-block partials of a CUDA variant (device tensors, poisoned with NaN), merged in block
-// order on the host (float64, fixed order: bitwise repeatable); a slot left NaN is an internal error.
-repcap::CosinePartial merge_block_partials(const at::Tensor& block_sum, const at::Tensor& block_sum_sq,
-                                           const at::Tensor& block_min, const at::Tensor& block_max, const char* who) {
-  const at::Tensor sums = block_sum.cpu(), sums_sq = block_sum_sq.cpu();
-  const at::Tensor mins = block_min.cpu(), maxs = block_max.cpu();
-  repcap::CosinePartial total = repcap::empty_partial();
-  for (int64_t k = 0; k < sums.numel(); ++k) {
-    repcap::CosinePartial p;
-    p.sum = sums.data_ptr<double>()[k];
-    p.sum_sq = sums_sq.data_ptr<double>()[k];
-    p.min = mins.data_ptr<float>()[k];
-    p.max = maxs.data_ptr<float>()[k];
-    TORCH_CHECK(!std::isnan(p.sum) && !std::isnan(p.sum_sq) && !std::isnan(p.min) && !std::isnan(p.max), who,
-                ": internal error, block ", k, " did not write its partials");
-    repcap::merge_partial(&total, p);
+// The per-block partials of a CUDA variant, on the device, poisoned (NaN, huge counts) so that a
+// slot a kernel fails to write shows up; block k writes only slot k.
+struct BlockPartials {
+  at::Tensor sum, sum_sq, min, max, outside;  // [nb] float64, float64, float32, float32; [nb, 2] int64
+
+  static BlockPartials poisoned(int64_t nb, const at::TensorOptions& dev) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    return {at::full({nb}, nan, dev.dtype(at::kDouble)), at::full({nb}, nan, dev.dtype(at::kDouble)),
+            at::full({nb}, nan, dev.dtype(at::kFloat)), at::full({nb}, nan, dev.dtype(at::kFloat)),
+            at::full({nb, 2}, int64_t{1} << 60, dev.dtype(at::kLong))};
   }
-  return total;
-}
+
+  // The op's outputs: the partials merged in block order on the host (float64, fixed order:
+  // bitwise repeatable), the counts summed (integers), and `hist` (int64 [bins] on the device);
+  // a slot left NaN, or a histogram that misses a pair, is an internal error naming `who`.
+  StatsTuple finish(int64_t pairs, const at::Tensor& hist, int64_t bins, const char* who) const {
+    const at::Tensor sums = sum.cpu(), sums_sq = sum_sq.cpu(), mins = min.cpu(), maxs = max.cpu();
+    repcap::CosinePartial total = repcap::empty_partial();
+    for (int64_t k = 0; k < sums.numel(); ++k) {
+      repcap::CosinePartial p;
+      p.sum = sums.data_ptr<double>()[k];
+      p.sum_sq = sums_sq.data_ptr<double>()[k];
+      p.min = mins.data_ptr<float>()[k];
+      p.max = maxs.data_ptr<float>()[k];
+      TORCH_CHECK(!std::isnan(p.sum) && !std::isnan(p.sum_sq) && !std::isnan(p.min) && !std::isnan(p.max), who,
+                  ": internal error, block ", k, " did not write its partials");
+      repcap::merge_partial(&total, p);
+    }
+    const at::Tensor counts = outside.sum(0).cpu();
+    const int64_t below = counts.data_ptr<int64_t>()[0], above = counts.data_ptr<int64_t>()[1];
+    StatsTuple outputs = make_outputs(total, pairs, below, above, bins);
+    at::Tensor& out_hist = std::get<2>(outputs);
+    out_hist.copy_(hist);
+    TORCH_CHECK(out_hist.sum().item<int64_t>() + below + above == pairs, who,
+                ": internal error, the histogram does not count every pair");
+    return outputs;
+  }
+};
 
 // The CUDA kernel variant, by name: REPCAP_CUDA_STATS_KERNEL = "auto" (default: "tiles", the only
 // one an H200 has timed so far), "tiles" (the fused persistent kernel) or "panels" (cuBLAS panels
@@ -201,23 +220,17 @@ StatsTuple pairwise_cosine_stats_cuda_panels(const at::Tensor& ac, const at::Ten
   TORCH_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, ac.get_device()) == cudaSuccess,
               "pairwise_cosine_stats (cuda): cannot read the SM count");
   const int nb = repcap::cuda::cosine_panel_num_blocks(sm_count);
-  auto dev = ac.options();
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  at::Tensor block_sum = at::full({nb}, nan, dev.dtype(at::kDouble));
-  at::Tensor block_sum_sq = at::full({nb}, nan, dev.dtype(at::kDouble));
-  at::Tensor block_min = at::full({nb}, nan, dev.dtype(at::kFloat));
-  at::Tensor block_max = at::full({nb}, nan, dev.dtype(at::kFloat));
-  at::Tensor block_outside = at::full({nb, 2}, int64_t{1} << 60, dev.dtype(at::kLong));
-  at::Tensor hist = at::zeros({bins}, dev.dtype(at::kLong));
+  const BlockPartials partials = BlockPartials::poisoned(nb, ac.options());
+  at::Tensor hist = at::zeros({bins}, ac.options().dtype(at::kLong));
   repcap::cuda::CosinePanelArgs args{};
   args.self_pairs = self_pairs;
   args.hist = repcap::make_histogram_spec(static_cast<float>(lo), static_cast<float>(hi), static_cast<int32_t>(bins));
   args.num_blocks = nb;
-  args.block_sum = block_sum.data_ptr<double>();
-  args.block_sum_sq = block_sum_sq.data_ptr<double>();
-  args.block_min = block_min.data_ptr<float>();
-  args.block_max = block_max.data_ptr<float>();
-  args.block_outside = block_outside.data_ptr<int64_t>();
+  args.block_sum = partials.sum.data_ptr<double>();
+  args.block_sum_sq = partials.sum_sq.data_ptr<double>();
+  args.block_min = partials.min.data_ptr<float>();
+  args.block_max = partials.max.data_ptr<float>();
+  args.block_outside = partials.outside.data_ptr<int64_t>();
   args.hist_out = hist.data_ptr<int64_t>();
   args.stream = c10::cuda::getCurrentCUDAStream(ac.get_device()).stream();
   bool first = true;
@@ -249,16 +262,7 @@ StatsTuple pairwise_cosine_stats_cuda_panels(const at::Tensor& ac, const at::Ten
       first = false;
     }
   }
-  const repcap::CosinePartial total =
-      merge_block_partials(block_sum, block_sum_sq, block_min, block_max, "pairwise_cosine_stats (cuda, panels)");
-  const at::Tensor outside = block_outside.sum(0).cpu();
-  const int64_t pairs = pair_count(m, n, self_pairs);
-  const int64_t below = outside.data_ptr<int64_t>()[0], above = outside.data_ptr<int64_t>()[1];
-  auto outputs = make_outputs(total, pairs, below, above, bins);
-  std::get<2>(outputs).copy_(hist);
-  TORCH_CHECK(std::get<2>(outputs).sum().item<int64_t>() + below + above == pairs,
-              "pairwise_cosine_stats (cuda, panels): internal error, the histogram does not count every pair");
-  return outputs;
+  return partials.finish(pair_count(m, n, self_pairs), hist, bins, "pairwise_cosine_stats (cuda, panels)");
 }
 
 // CUDA: persistent blocks write per-block partials; they are merged here in block order.
@@ -311,38 +315,20 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
               "pairwise_cosine_stats (cuda): cannot read the SM count");
   args.num_blocks = repcap::cuda::pairwise_cosine_stats_cuda_num_blocks(args, sm_count);
   const int64_t nb = args.num_blocks;
-  auto dev = ac.options();
-  // Poisoned: a slot the kernel fails to write shows up as NaN or a huge count, never as
-  // plausible garbage (a few small device fills per call).
-  constexpr int64_t kPoisonCount = int64_t{1} << 60;
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  at::Tensor block_sum = at::full({nb}, nan, dev.dtype(at::kDouble));
-  at::Tensor block_sum_sq = at::full({nb}, nan, dev.dtype(at::kDouble));
-  at::Tensor block_min = at::full({nb}, nan, dev.dtype(at::kFloat));
-  at::Tensor block_max = at::full({nb}, nan, dev.dtype(at::kFloat));
-  at::Tensor block_outside = at::full({nb, 2}, kPoisonCount, dev.dtype(at::kLong));
-  at::Tensor block_hist = at::full({nb, bins}, kPoisonCount, dev.dtype(at::kLong));
-  args.block_sum = block_sum.data_ptr<double>();
-  args.block_sum_sq = block_sum_sq.data_ptr<double>();
-  args.block_min = block_min.data_ptr<float>();
-  args.block_max = block_max.data_ptr<float>();
-  args.block_outside = block_outside.data_ptr<int64_t>();
+  const BlockPartials partials = BlockPartials::poisoned(nb, ac.options());
+  // Each block's own histogram slice, poisoned too (a few small device fills per call).
+  at::Tensor block_hist = at::full({nb, bins}, int64_t{1} << 60, ac.options().dtype(at::kLong));
+  args.block_sum = partials.sum.data_ptr<double>();
+  args.block_sum_sq = partials.sum_sq.data_ptr<double>();
+  args.block_min = partials.min.data_ptr<float>();
+  args.block_max = partials.max.data_ptr<float>();
+  args.block_outside = partials.outside.data_ptr<int64_t>();
   args.block_hist = block_hist.data_ptr<int64_t>();
   args.stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
   const char* err = repcap::cuda::pairwise_cosine_stats_cuda(args);
   TORCH_CHECK(err == nullptr, "pairwise_cosine_stats (cuda): ", err ? err : "");
-
-  const repcap::CosinePartial total =
-      merge_block_partials(block_sum, block_sum_sq, block_min, block_max, "pairwise_cosine_stats (cuda)");
-  const at::Tensor outside = block_outside.sum(0).cpu();  // integer: order-independent
-  const int64_t pairs = pair_count(args.m, args.n, self_pairs);
-  const int64_t below = outside.data_ptr<int64_t>()[0], above = outside.data_ptr<int64_t>()[1];
-  auto outputs = make_outputs(total, pairs, below, above, bins);
-  at::Tensor& hist = std::get<2>(outputs);
-  hist.copy_(block_hist.sum(0));
-  TORCH_CHECK(hist.sum().item<int64_t>() + below + above == pairs,
-              "pairwise_cosine_stats (cuda): internal error, the histogram does not count every pair");
-  return outputs;
+  return partials.finish(pair_count(args.m, args.n, self_pairs), block_hist.sum(0), bins,
+                         "pairwise_cosine_stats (cuda)");
 }
 #endif
 

@@ -214,8 +214,14 @@ def _grouped_order_cpu(row_tiles: int, col_tiles: int, self_pairs: bool, group: 
     return torch.stack([bi[order], bj[order]], dim=1).to(torch.int32).contiguous()
 
 
-def _grouped_order(row_tiles: int, col_tiles: int, self_pairs: bool, group: int, device) -> torch.Tensor:
+@functools.lru_cache(maxsize=16)
+def _grouped_order_on(row_tiles: int, col_tiles: int, self_pairs: bool, group: int, device: str) -> torch.Tensor:
+    """The grouped order on `device`, copied there once (a call's jobs share it)."""
     return _grouped_order_cpu(row_tiles, col_tiles, self_pairs, group).to(device)
+
+
+def _grouped_order(row_tiles: int, col_tiles: int, self_pairs: bool, group: int, device) -> torch.Tensor:
+    return _grouped_order_on(row_tiles, col_tiles, self_pairs, group, str(torch.device(device)))
 
 
 def _config(dtype: torch.dtype, interp: bool):
