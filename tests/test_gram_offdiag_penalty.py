@@ -484,6 +484,21 @@ def test_reduced_precision_forms_the_gram_of_rounded_operands(device, backend, p
         assert abs(float(rows_high.sum()) - ref) > 10 * tol * ref
 
 
+@pytest.mark.parametrize("device,backend", device_backends(kernels_only=True))
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_float64_ignores_the_precision(device, backend, precision):
+    """float64 X runs in float64 at any precision: bitwise the "highest" loss and gradient."""
+    gpu_backend_built(backend)
+    X = random_x(97, 5, torch.float64).to(device)
+    out = {}
+    for prec in ("highest", precision):
+        Xg = X.clone().requires_grad_(True)
+        loss = rf.gram_offdiag_penalty(Xg, 8, backend=backend, precision=prec)
+        loss.backward()
+        out[prec] = (loss.detach(), Xg.grad)
+    assert torch.equal(out["highest"][0], out[precision][0]) and torch.equal(out["highest"][1], out[precision][1])
+
+
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])
 def test_reduced_precision_rounds_the_weights_of_the_gradient(precision):
     """The gradient's second GEMM also takes rounded operands: with k ≤ 512 (one CPU tile, whose
