@@ -92,7 +92,7 @@ setup(
     python_requires=">=3.9",
     packages=["repcap_fast", "repcap_fast.models", "repcap_fast.ops", "repcap_fast.triton_kernels"],
     package_dir={"repcap_fast": "repcap_fast", "repcap_fast.triton_kernels": "triton_kernels"},
-    package_data={"repcap_fast": ["data/*.txt.gz", "data/README.md"]},
+    package_data={"repcap_fast": ["data/*.txt.gz", "data/*.json", "data/README.md"]},
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
     install_requires=["torch>=2.4", "numpy", "scipy", "tqdm", "matplotlib", "safetensors"],

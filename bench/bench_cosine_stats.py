@@ -6,11 +6,14 @@ in one run and reported as ratios, with the floor (bare GEMMs of the same shape)
 
 On a GPU every kernel variant runs side by side: cuda's "tiles" and "panels", Triton's "strided"
 and "grouped" (the winners belong in the auto choices: AUTO_VARIANT of
-triton_kernels/pairwise_cosine_stats.py, use_cuda_panels in csrc/pairwise_cosine_stats_ops.cpp).
+triton_kernels/pairwise_cosine_stats.py, use_cuda_panels in csrc/pairwise_cosine_stats_ops.cpp);
+for float32 at d = 4096 also Triton's float32 FMA pass ("triton_ieee",
+REPCAP_TRITON_STATS_FP32_PASS=ieee) beside its default split pass.
 
 Results: a table printed last and JSON under bench/results/ (bench/_harness.py).
 """
 
+import json
 import os
 
 import pytest
@@ -19,11 +22,25 @@ import torch
 import repcap_fast as rf
 from repcap_fast.reference import pairwise_cosine_stats_reference
 
-from _harness import HAS_CUDA, SMOKE, PeakRSS, emit, format_table, fresh_process_peak, mib, ratio, timed, write_results
+from _harness import (
+    HAS_CUDA,
+    OUT_DIR,
+    SMOKE,
+    PeakRSS,
+    emit,
+    format_table,
+    fresh_process_peak,
+    machine,
+    mib,
+    ratio,
+    timed,
+    write_results,
+)
 
 RESULTS = {}  # name -> dict(seconds=..., ...)
 # The kernel variant of each GPU backend, chosen by name (README "Backends").
 KERNEL_ENV = {"cuda": "REPCAP_CUDA_STATS_KERNEL", "triton": "REPCAP_TRITON_STATS_KERNEL"}
+FP32_PASS_ENV = "REPCAP_TRITON_STATS_FP32_PASS"
 
 
 # --- CPU, real data: MiniLM 30522×384 ----------------------------------------------------------
@@ -112,11 +129,15 @@ def test_gpu_cosine_stats(d, dtype):
     g = torch.Generator(device="cuda").manual_seed(d)
     x = (torch.randn(GPU_V, d, device="cuda", generator=g) + 0.2).to(dtype)
     row = {"v": GPU_V, "d": d, "dtype": str(dtype).replace("torch.", "")}
-    repeats = 1 if dtype == torch.float32 else 3  # exact fp32 runs without tensor cores: slow
+    repeats = 1 if dtype == torch.float32 else 3  # exact fp32 on cuda runs without tensor cores: slow
     small = x[:2048]
-    # Every kernel variant side by side, by name (REPCAP_CUDA_STATS_KERNEL, REPCAP_TRITON_STATS_KERNEL).
-    for name, backend, variant in (("cuda", "cuda", "tiles"), ("cuda_panels", "cuda", "panels"),
-                                   ("triton", "triton", "strided"), ("triton_grouped", "triton", "grouped")):
+    # Every kernel variant side by side, by name (REPCAP_CUDA_STATS_KERNEL, REPCAP_TRITON_STATS_KERNEL,
+    # and for float32 REPCAP_TRITON_STATS_FP32_PASS).
+    variants = [("cuda", "cuda", "tiles"), ("cuda_panels", "cuda", "panels"), ("triton", "triton", "strided"),
+                ("triton_grouped", "triton", "grouped")]
+    if dtype == torch.float32 and d == 4096:
+        variants.append(("triton_ieee", "triton", "strided"))
+    for name, backend, variant in variants:
         # The first full-size call of a dtype compiles Triton's large-shape specialization (seconds,
         # once seen inside an H200 timing): warm up on the full matrix then, later on a slice.
         warm = small if (name, dtype) in _WARMED else x
@@ -124,6 +145,8 @@ def test_gpu_cosine_stats(d, dtype):
         env = KERNEL_ENV[backend]
         saved = os.environ.get(env)
         os.environ[env] = variant
+        if name == "triton_ieee":
+            os.environ[FP32_PASS_ENV] = "ieee"
         try:
             timing = timed(lambda: rf.pairwise_cosine_stats(x, backend=backend, progress=False), repeats,
                            warmup=lambda: rf.pairwise_cosine_stats(warm, backend=backend, progress=False),
@@ -133,6 +156,7 @@ def test_gpu_cosine_stats(d, dtype):
             row[name] = None
             row[f"{name}_error"] = str(exc)[:300]
         finally:
+            os.environ.pop(FP32_PASS_ENV, None)
             if saved is None:
                 os.environ.pop(env, None)
             else:
@@ -147,6 +171,30 @@ def test_gpu_cosine_stats(d, dtype):
 
 
 # --- report ------------------------------------------------------------------------------------
+
+# The kernel variants of each backend in a GPU row: column name -> variant name.
+CHOICE_COLUMNS = {"triton": {"triton": "strided", "triton_grouped": "grouped"},
+                  "cuda": {"cuda": "tiles", "cuda_panels": "panels"}}
+
+
+def choice_cells(rows) -> list:
+    """The GPU rows as cells of a kernel-choice table (repcap_fast._kernel_choices.build_table)."""
+    return [{"op": "pairwise_cosine_stats", "backend": backend, "dtype": r["dtype"], "d": r["d"],
+             "seconds": {variant: r.get(column) for column, variant in columns.items()}}
+            for r in rows for backend, columns in CHOICE_COLUMNS.items()]
+
+
+def write_kernel_choices(rows, source: dict) -> str:
+    """Writes OUT_DIR/kernel_choices.json, the fastest variant per cell: the table "auto" follows
+    once it is copied to repcap_fast/data/kernel_choices.json."""
+    from repcap_fast._kernel_choices import build_table
+
+    path = os.path.join(OUT_DIR, "kernel_choices.json")
+    os.makedirs(OUT_DIR, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(build_table(choice_cells(rows), source), f, indent=1)
+    print(f"wrote {path} (adopt it: copy it to repcap_fast/data/kernel_choices.json)")
+    return path
 
 
 def test_zz_report():
@@ -185,13 +233,17 @@ def test_zz_report():
                  "grouped_gemm": ratio(r.get("triton_grouped"), r.get("gemm_floor")),
                  "panels_gemm": ratio(r.get("cuda_panels"), r.get("gemm_floor"))} for r in gpu]
         lines += format_table([("d", "d"), ("dtype", "dtype"), ("cuda", "cuda s"), ("cuda_panels", "panels s"),
-                               ("triton", "triton s"), ("triton_grouped", "grouped s"), ("naive_torch", "naive s"),
+                               ("triton", "triton s"), ("triton_grouped", "grouped s"),
+                               ("triton_ieee", "triton fp32 FMA s"), ("naive_torch", "naive s"),
                                ("gemm_floor", "gemm s"), ("naive_cuda", "naive/cuda"), ("cuda_gemm", "cuda/gemm"),
                                ("panels_gemm", "panels/gemm"), ("naive_triton", "naive/triton"),
                                ("triton_gemm", "triton/gemm"), ("grouped_gemm", "grouped/gemm")], rows,
-                              {k: ".3f" for k in ("cuda", "cuda_panels", "triton", "triton_grouped", "naive_torch",
-                                                  "gemm_floor")}
+                              {k: ".3f" for k in ("cuda", "cuda_panels", "triton", "triton_grouped", "triton_ieee",
+                                                  "naive_torch", "gemm_floor")}
                               | {k: ".2f" for k in ("naive_cuda", "cuda_gemm", "panels_gemm", "naive_triton",
                                                     "triton_gemm", "grouped_gemm")})
     write_results(f"cosine_stats_{'gpu' if gpu else 'cpu'}", {"op": "pairwise_cosine_stats", "results": RESULTS},
                   lines)
+    if gpu and not SMOKE:
+        write_kernel_choices(gpu, {"gpu": torch.cuda.get_device_name(0), "date_utc": machine()["date_utc"],
+                                   "results": OUT_DIR, "v": GPU_V})

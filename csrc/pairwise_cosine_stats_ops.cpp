@@ -189,9 +189,10 @@ struct BlockPartials {
   }
 };
 
-// The CUDA kernel variant, by name: REPCAP_CUDA_STATS_KERNEL = "auto" (default: "tiles", the only
-// one an H200 has timed so far), "tiles" (the fused persistent kernel) or "panels" (cuBLAS panels
-// and a reduction kernel, pairwise_cosine_stats_cuda_panels).
+// The CUDA kernel variant, by name: REPCAP_CUDA_STATS_KERNEL = "tiles" (the fused persistent
+// kernel), "panels" (cuBLAS panels and a reduction kernel, pairwise_cosine_stats_cuda_panels) or
+// "auto" ("tiles" here; the Python launcher replaces "auto" by the measured table's choice,
+// repcap_fast/_kernel_choices.py, for each call).
 bool use_cuda_panels() {
   const char* env = std::getenv("REPCAP_CUDA_STATS_KERNEL");
   const std::string name = env == nullptr ? "auto" : env;

@@ -9,6 +9,7 @@ import torch
 
 import repcap_fast as rf
 from repcap_fast.ops import pairwise_cosine_stats as op
+from repcap_fast.reference import histogram_bins
 
 from _helpers import (
     DTYPES,
@@ -108,6 +109,153 @@ def test_float32_highest_takes_mean_and_std_from_the_gram_identity(device, backe
         "float32 dot products, float64 sums"
 
 
+# --- the split pass: float32 at "highest" from three float16 products ------------------------------
+
+SPLIT_COSINE_TOL = 1e-6  # the issue's bound on min, max and each cosine of float32 inputs at "highest"
+
+
+def near_duplicates(v, d, seed=0, noise=0.1):
+    """Rows scattered around one direction: cosines ≈ 1/(1 + noise²) (0.99 at noise 0.1), where a
+    float32 accumulator's ulp is largest."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, d, generator=g) + noise * torch.randn(v, d, generator=g)
+
+
+def split_cosines(x, y=None):
+    """The split pass emulated on the CPU: float32 matmuls of the float16 parts, whose products are
+    exact in float32 (11 × 11 bits), as on the tensor cores; only the float32 sums differ."""
+    from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
+
+    def parts(m):
+        h, lo, inv = tk.split_operand(m, (1.0 / m.double().norm(dim=1)).float())
+        assert h.dtype == lo.dtype == torch.float16 and torch.all(inv == 2.0**-15)
+        return h.float(), lo.float()
+
+    hx, lx = parts(x)
+    hy, ly = (hx, lx) if y is None else parts(y)
+    c = (lx @ hy.T + hx @ ly.T + hx @ hy.T).double() * 2.0**-30
+    if y is None:
+        iu = torch.triu_indices(x.shape[0], x.shape[0], 1)
+        return c[iu[0], iu[1]]
+    return c.reshape(-1)
+
+
+def test_split_operand_keeps_22_bits_of_each_unit_row():
+    """y = x̂·2^15 = h + l to 2^-22·|y| (or 2^-25 absolute, float16's subnormal half-spacing), with
+    |h| ≤ 2^15: rows with huge, tiny, zero and ±1 elements, and float16's subnormal range."""
+    from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 300, generator=g) * torch.logspace(-12, 12, 300).float()[torch.randperm(300, generator=g)]
+    x[0] = 0.0
+    x[0, 7] = -4.0  # a unit row -e_7 (inverse norm 1/4, exact): y = -2^15 exactly
+    x[1, :] = 1e-9
+    x[1, 0] = 1.0  # one large element among tiny ones (parts far below float16's normals)
+    inv = (1.0 / x.double().norm(dim=1)).float()
+    h, lo, scale = tk.split_operand(x, inv, chunk_bytes=8 * 300 * 5)  # chunks of 5 rows
+    assert h.dtype == lo.dtype == torch.float16 and torch.isfinite(h).all() and torch.isfinite(lo).all()
+    y = x.double() * inv.double()[:, None] * 2.0**15
+    err = (y - h.double() - lo.double()).abs()
+    assert torch.all(err <= 2.0**-22 * y.abs() + 2.0**-25), float((err / y.abs().clamp_min(1e-300)).max())
+    assert h.double().abs().max() <= 2.0**15 and float(h[0, 7]) == -(2.0**15) and float(lo[0, 7]) == 0.0
+    assert torch.all(scale == 2.0**-15)
+
+
+@pytest.mark.parametrize("case", ["random-384", "near-duplicates-384", "near-duplicates-4096", "rect-1000"])
+def test_split_products_emulated_hold_each_cosine_to_1e6(case):
+    """Every cosine of the split pass, emulated (the parts' products exact in float32, float32 sums),
+    within 1e-6 of float64: on random rows, and on near-duplicates (cosines to 0.99) at d = 4096."""
+    kind, d = case.rsplit("-", 1)
+    d = int(d)
+    if kind == "random":
+        x, y = random_matrix(600, d, torch.float32), None
+    elif kind == "rect":
+        x, y = random_matrix(200, d, torch.float32, seed=1), near_duplicates(300, d, seed=2)
+    else:
+        x, y = near_duplicates(300 if d == 4096 else 600, d), None
+    c64 = cosines64(x, y)
+    err = (split_cosines(x, y) - c64).abs()
+    assert float(err.max()) <= SPLIT_COSINE_TOL, float(err.max())
+    if kind == "near-duplicates":
+        assert float(c64.max()) > 0.98  # the case it stands for
+
+
+@pytest.mark.slow
+def test_split_products_emulated_on_minilm_rows(minilm_embeddings):
+    """The same bound on 1500 real MiniLM rows across the vocabulary."""
+    e = minilm_embeddings[::15][:1500].float()
+    err = (split_cosines(e) - cosines64(e)).abs()
+    assert float(err.max()) <= SPLIT_COSINE_TOL, float(err.max())
+
+
+@pytest.mark.parametrize("device,backend", device_backends(cpu=["triton"], gpu=["triton"]))
+@pytest.mark.parametrize("variant", ["strided", "grouped"])
+@pytest.mark.parametrize("case", ["random", "near-duplicates", "rect"])
+def test_triton_split_pass_holds_float32_bounds(monkeypatch, device, backend, variant, case):
+    """float32 at "highest" on Triton (the split pass, the default): min and max within 1e-6 of
+    float64, μ and σ within 1e-9 (the Gram identity), and a pair changes bin only within 1e-6 of an
+    edge, on the full range and on a fine histogram over the top of the near-duplicates' range."""
+    from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
+
+    monkeypatch.delenv(tk.FP32_PASS_ENV, raising=False)
+    monkeypatch.setenv(tk.KERNEL_ENV, variant)
+    d = 96
+    if case == "random":
+        x, y = random_matrix(260, d, torch.float32, seed=5), None
+    elif case == "near-duplicates":
+        x, y = near_duplicates(260, d, seed=6, noise=0.05), None
+    else:
+        x, y = random_matrix(70, d, torch.float32, seed=7), near_duplicates(150, d, seed=8)
+    c = cosines64(x, y)
+    for bins, (lo, hi) in ((4096, (-1.0, 1.0)), (20000, (float(c.quantile(0.2)), float(c.max())))):
+        s = rf.pairwise_cosine_stats(x.to(device), None if y is None else y.to(device), backend=backend, bins=bins,
+                                     range=(lo, hi))
+        assert "split float16 parts" in s.settings["compute"]
+        assert abs(s.min - float(c.min())) <= SPLIT_COSINE_TOL and abs(s.max - float(c.max())) <= SPLIT_COSINE_TOL
+        assert s.mean == pytest.approx(float(c.mean()), abs=1e-9)
+        assert s.std == pytest.approx(float(c.std(unbiased=False)), abs=1e-9)
+        ref_hist, ref_below, ref_above = histogram_bins(c, bins, lo, hi)
+        moved = int((s.hist - ref_hist).abs().sum()) + abs(s.below - ref_below) + abs(s.above - ref_above)
+        assert moved <= 2 * near_edge(c, bins, lo, hi, SPLIT_COSINE_TOL), moved
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["strided", "grouped"])
+def test_triton_split_pass_on_a_gpu_at_d_4096(monkeypatch, variant):
+    """The split pass on the tensor cores, at d = 4096 on near-duplicates (cosines to 0.99): the
+    fresh accumulator per BLOCK_K keeps min and max within 1e-6 even if the tensor cores truncate."""
+    from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
+
+    gpu_backend_built("triton")
+    monkeypatch.delenv(tk.FP32_PASS_ENV, raising=False)
+    monkeypatch.setenv(tk.KERNEL_ENV, variant)
+    x = near_duplicates(2048, 4096, seed=9)
+    c = cosines64(x)
+    s = rf.pairwise_cosine_stats(x.cuda(), backend="triton")
+    assert abs(s.min - float(c.min())) <= SPLIT_COSINE_TOL and abs(s.max - float(c.max())) <= SPLIT_COSINE_TOL
+    ref_hist, _, _ = histogram_bins(c, 4096, -1.0, 1.0)
+    assert int((s.hist - ref_hist).abs().sum()) <= 2 * near_edge(c, 4096, -1.0, 1.0, SPLIT_COSINE_TOL)
+
+
+def test_triton_fp32_pass_is_chosen_by_name(monkeypatch):
+    """REPCAP_TRITON_STATS_FP32_PASS: "split" by default, "ieee" selectable (and what the
+    statistics say they used), anything else refused by name."""
+    from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
+
+    monkeypatch.delenv(tk.FP32_PASS_ENV, raising=False)
+    assert tk.fp32_pass() == "split"
+    monkeypatch.setenv(tk.FP32_PASS_ENV, "ieee")
+    assert tk.fp32_pass() == "ieee"
+    assert not tk.kernel_operands(torch.ones(3, 2), torch.ones(3), None, None, "highest").split
+    monkeypatch.setenv(tk.FP32_PASS_ENV, "split")
+    assert tk.kernel_operands(torch.ones(3, 2), torch.ones(3), None, None, "highest").split
+    assert not tk.kernel_operands(torch.ones(3, 2), torch.ones(3), None, None, "tf32").split
+    assert not tk.kernel_operands(torch.ones(3, 2).bfloat16(), torch.ones(3), None, None, "highest").split
+    monkeypatch.setenv(tk.FP32_PASS_ENV, "bf16x3")
+    with pytest.raises(ValueError, match="REPCAP_TRITON_STATS_FP32_PASS must be one of"):
+        tk.fp32_pass()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("bins", [4096, 65536], ids=["shared-hist", "global-hist"])
@@ -152,12 +300,12 @@ def test_triton_kernel_variant_is_chosen_by_name(monkeypatch):
     from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
 
     monkeypatch.delenv(tk.KERNEL_ENV, raising=False)
-    assert tk.kernel_variant(torch.bfloat16) == tk.AUTO_VARIANT[torch.bfloat16]
+    assert tk.kernel_variant(torch.bfloat16, 896) in tk.KERNEL_VARIANTS  # the measured table's (test_kernel_choices)
     monkeypatch.setenv(tk.KERNEL_ENV, "grouped")
-    assert tk.kernel_variant(torch.float32) == "grouped"
+    assert tk.kernel_variant(torch.float32, 896) == "grouped"
     monkeypatch.setenv(tk.KERNEL_ENV, "fastest")
     with pytest.raises(ValueError, match="REPCAP_TRITON_STATS_KERNEL must be 'auto' or one of"):
-        tk.kernel_variant(torch.float32)
+        tk.kernel_variant(torch.float32, 896)
 
 
 @pytest.mark.parametrize("device,backend", device_backends())

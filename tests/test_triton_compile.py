@@ -58,6 +58,21 @@ def test_triton_kernels_compile_for_gpu(variant, compiled):
         unit = "wgmma" if variant["arch"] == 90 else "mma"
         assert all(entry["mma"] == [f"{unit}:{variant['dtype'].replace('fp16', 'f16')}"]
                    for entry in result["kernels"]), result
+    if variant["op"] == "pairwise_cosine_stats" and variant["dtype"] == "fp32":
+        # float32: at "highest" the split pass's three float16 products on the tensor cores (or
+        # float32 FMA when fp32_pass is "ieee"), at "tf32" TF32 tensor cores
+        unit = "wgmma" if variant["arch"] == 90 else "mma"
+        want_mma = ({"split": [f"{unit}:f16"], "ieee": []}[variant.get("fp32_pass", "split")]
+                    if variant["precision"] == "highest" else [f"{unit}:tf32"])
+        assert all(entry["mma"] == want_mma for entry in result["kernels"]), result
+        if want_mma == ["wgmma:f16"]:
+            # the split pass's step products start a fresh accumulator (a wgmma from zero), added
+            # to the running dot products afterwards, rather than one accumulator over all of d
+            assert all(entry["fresh_accumulators"] >= 1 for entry in result["kernels"]), result
+    if variant["op"] == "pairwise_cosine_stats" and variant["dtype"] == "bf16" and variant["arch"] == 90 \
+            and variant["d"] >= 256:
+        # the check can fail: one accumulator over d (a single K step would start from zero)
+        assert all(entry["fresh_accumulators"] == 0 for entry in result["kernels"]), result
     if variant["op"] == "gram_offdiag_penalty" and variant["dtype"] == "fp32":
         # The dots run on the tensor cores the precision names (bf16: operands cast to bfloat16;
         # Hopper's wgmma on sm_90), and on FMA at "highest".

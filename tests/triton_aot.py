@@ -46,6 +46,13 @@ VARIANTS = [
      "precision": "highest", "arch": 90},
     {"op": "pairwise_cosine_stats", "dtype": "fp32", "self": True, "m": 1025, "n": 1025, "d": 33, "bins": 4096,
      "precision": "highest", "arch": 90},
+    # float32 at "highest": the split pass (the default) at full size, and the float32 FMA pass
+    {"op": "pairwise_cosine_stats", "dtype": "fp32", "self": True, "m": 151936, "n": 151936, "d": 4096,
+     "bins": 4096, "precision": "highest", "arch": 90},
+    {"op": "pairwise_cosine_stats", "dtype": "fp32", "self": False, "m": 65, "n": 1, "d": 384, "bins": 4096,
+     "precision": "highest", "arch": 80},
+    {"op": "pairwise_cosine_stats", "dtype": "fp32", "self": True, "m": 1025, "n": 1025, "d": 33, "bins": 4096,
+     "precision": "highest", "arch": 90, "fp32_pass": "ieee"},
     {"op": "pairwise_cosine_stats", "dtype": "fp32", "self": False, "m": 1, "n": 1, "d": 5, "bins": 1,
      "precision": "tf32", "arch": 90},
     {"op": "pairwise_cosine_stats", "dtype": "bf16", "self": True, "m": 700, "n": 700, "d": 48, "bins": 65536,
@@ -61,6 +68,7 @@ VARIANTS = [
           ("bf16", True, 151936, 151936, 896, 4096, "highest", 90),
           ("fp16", False, 65, 1, 384, 4096, "highest", 90),
           ("fp32", True, 1025, 1025, 33, 4096, "highest", 90),
+          ("fp32", True, 151936, 151936, 4096, 4096, "highest", 90),
           ("fp32", True, 151936, 151936, 4096, 4096, "tf32", 90),
           ("bf16", True, 700, 700, 48, 65536, "highest", 90),
           ("bf16", True, 700, 700, 48, 100, "highest", 90),  # a window narrower than 256 bins
@@ -183,18 +191,26 @@ def launches_of(v) -> list:
         inv_b = None if b is None else torch.empty(n, dtype=torch.float32, device=META)
         block = cosine_module._config(dtype, False)[0]
         programs = cosine_module._num_programs(tile_counts(m, n, v["self"], block)[0], 4 * SMS)
+        saved_pass = os.environ.get(cosine_module.FP32_PASS_ENV)
+        os.environ[cosine_module.FP32_PASS_ENV] = v.get("fp32_pass", "split")
+        try:
+            ops = cosine_module.kernel_operands(a, inv_a, b, inv_b, v["precision"])
+        finally:
+            os.environ.pop(cosine_module.FP32_PASS_ENV)
+            if saved_pass is not None:
+                os.environ[cosine_module.FP32_PASS_ENV] = saved_pass
         if v.get("variant") == "grouped":
             partials = cosine_module._grouped_partials(m, n, d, v["self"], dtype, programs, v["bins"], META, False)
             saved = cosine_module.WINDOW
             cosine_module.WINDOW = v.get("window", saved)
             try:
                 return recorded_launches(cosine_module, lambda: cosine_module._launch_grouped(
-                    a, inv_a, b, inv_b, v["bins"], -1.0, 1.0, v["precision"], programs, partials, False))
+                    ops, v["bins"], -1.0, 1.0, v["precision"], programs, partials, False))
             finally:
                 cosine_module.WINDOW = saved
         partials = cosine_module._partials(programs, v["bins"], META)
         return recorded_launches(cosine_module, lambda: cosine_module._launch(
-            a, inv_a, b, inv_b, v["bins"], -1.0, 1.0, v["precision"], programs, partials, False))
+            ops, v["bins"], -1.0, 1.0, v["precision"], programs, partials, False))
     if v["op"] == "gram_offdiag_penalty":
         k, d, m, g = v["k"], v["d"], v["m"], v["with_grad"]
         x = torch.empty(k, d, dtype=dtype, device=META)
@@ -236,6 +252,13 @@ def mma_kinds(ptx: str) -> list:
         operand = re.search(r"\.(bf16|f16|tf32|f64|e4m3|e5m2|s8|u8)\b", inst)
         kinds.add(f"{'wgmma' if inst.startswith('wgmma') else 'mma'}:{operand.group(1) if operand else '?'}")
     return sorted(kinds)
+
+
+def fresh_accumulators(ptx: str) -> int:
+    """How many Hopper wgmma instructions start from a zero accumulator (scale-d the literal 0):
+    a product that starts a fresh float32 accumulator rather than adding into a running one."""
+    return len(re.findall(r"^\s*wgmma\.mma_async[\w.]*\s*\{[^}]*\},\s*[^,]+,\s*[^,]+,\s*0\s*,", ptx,
+                          flags=re.MULTILINE))
 
 
 def ptxas_info(ptx: str, arch: int) -> dict:
@@ -293,7 +316,8 @@ def compile_launches(calls: list, arch: int, with_ptxas: bool) -> list:
                                     options=options.__dict__)
             entry = {"kernel": fn.__name__, "seconds": round(time.time() - start, 2),
                      "shared_bytes": kernel.metadata.shared, "num_warps": options.num_warps,
-                     "num_stages": options.num_stages, "mma": mma_kinds(kernel.asm["ptx"])}
+                     "num_stages": options.num_stages, "mma": mma_kinds(kernel.asm["ptx"]),
+                     "fresh_accumulators": fresh_accumulators(kernel.asm["ptx"])}
             if with_ptxas:
                 entry.update(ptxas_info(kernel.asm["ptx"], arch))
             _COMPILED[key] = entry

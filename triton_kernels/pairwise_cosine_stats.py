@@ -1,7 +1,8 @@
 """Triton kernels of pairwise_cosine_stats: tl.dot tiles + fused statistics epilogue.
 
 Two variants, selected by name (``KERNEL_VARIANTS``; the environment variable
-``REPCAP_TRITON_STATS_KERNEL``, default "auto", which follows ``AUTO_VARIANT``):
+``REPCAP_TRITON_STATS_KERNEL``, default "auto": the variant measured fastest for the dtype and d,
+from the table of repcap_fast/_kernel_choices.py):
 
 * "strided": each program walks a fixed, strided set of tiles of the upper triangle (or of the
   full m x n grid) in row-major tile order and keeps its own partials: Σc and Σc² in float64
@@ -18,39 +19,108 @@ Two variants, selected by name (``KERNEL_VARIANTS``; the environment variable
 
 Both are bitwise repeatable (the partials do not depend on the schedule, and are merged in a fixed
 order), and their integer counts are exact.
+
+float32 inputs at precision "highest" run the split pass (``FP32_PASSES``; the environment variable
+``REPCAP_TRITON_STATS_FP32_PASS``, default "split"): each unit row x̂ = x/‖x‖, scaled to
+y = x̂·2^15, is split into two float16 parts, h = fp16(y) and l = fp16(y − h) (``split_operand``),
+and the kernel forms y_i·y_j ≈ l_i·h_j + h_i·l_j + h_i·h_j from three float16 tensor-core products,
+which are exact in float32, scaled back by 2^-30. That is 3xTF32's arithmetic (11-bit parts) at
+the 16-bit rate, twice TF32's; 2^15 keeps the parts of unit rows (|y| ≤ 2^15 < 65504) clear of
+float16's subnormals down to |x̂| ≈ 2^-17, and a smaller part is off by at most 2^-40. The three
+products of each BLOCK_K step go into a fresh float32 accumulator; the steps are summed rounded to
+nearest in groups of SPLIT_GROUP_STEPS, and the groups into the tile's dots. Tensor cores may
+truncate as they accumulate: one accumulator over all of d would then bias a cosine near 1 by about
+1e-5 (bench/precision_split_dots.py). The error per cosine is float32's (about 2e-7 on MiniLM).
+"ieee" runs float32 FMA dots instead (no tensor cores).
 """
 
+import dataclasses
 import functools
 import os
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from .._backends import kernel_limits
+from .._kernel_choices import choose
 from ._utils import device_guard, input_precision, interpreting, tile_counts, upper_tile_coords
 
+# The split pass sums its BLOCK_K steps in groups of this many (then the groups): a cosine near 1
+# under truncating tensor cores is off by about 3e-7 at d = 4096 with groups of 8 steps of 32,
+# against 8e-7 with the steps summed straight into the tile's dots (bench/precision_split_dots.py).
+SPLIT_GROUP_STEPS = tl.constexpr(8)
 
-# The cosines of one tile, rows × cols of a against b (a spare iteration passes rows ≥ m):
-#   c_ij = clamp(a_i·b_j · inv‖a_i‖ · inv‖b_j‖, −1, 1), the dot products accumulated in float32
-#   over d in BLOCK_K steps; keep = the pairs inside both matrices (and j > i when SELF_PAIRS).
+
+# The dot products of one tile, Σ_k a_ik·b_jk over d in BLOCK_K steps, accumulated in float32.
 @triton.jit
-def _cosine_tile(a_ptr, b_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d, stride_a, stride_b,
-                 SELF_PAIRS: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _tile_dots(a_ptr, b_ptr, rows, cols, m, n, d, stride_a, stride_b, UPCAST: tl.constexpr,
+               INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     offs_k = tl.arange(0, BLOCK_K)
-    row_ok = rows < m
-    col_ok = cols < n
     dots = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, d, BLOCK_K):
         ks = k0 + offs_k
-        k_ok = ks < d
-        a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(b_ptr + cols[:, None] * stride_b + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :], mask=(rows < m)[:, None] & (ks < d)[None, :],
+                    other=0.0)
+        b = tl.load(b_ptr + cols[:, None] * stride_b + ks[None, :], mask=(cols < n)[:, None] & (ks < d)[None, :],
+                    other=0.0)
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         dots = tl.dot(a, tl.trans(b), dots, input_precision=INPUT_PRECISION, out_dtype=dots.dtype)
+    return dots
+
+
+# The split pass's dot products of one tile: a, b hold the high float16 parts h of the scaled rows,
+# a_lo, b_lo the low parts l. Each BLOCK_K step forms l_a·h_bᵀ + h_a·l_bᵀ + h_a·h_bᵀ (smallest
+# products first) in a fresh float32 accumulator, so the tensor cores never add into a large
+# running sum; the steps are summed in float32, rounded to nearest, per group of GROUP_STEPS steps,
+# and the groups into the tile's dots, which keeps that rounding small too (a two-level sum).
+@triton.jit
+def _split_tile_dots(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, rows, cols, m, n, d, stride_a, stride_b,
+                     UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_STEPS: tl.constexpr):
+    offs_k = tl.arange(0, BLOCK_K)
+    dots = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for g0 in range(0, d, BLOCK_K * GROUP_STEPS):
+        group = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(g0, tl.minimum(g0 + BLOCK_K * GROUP_STEPS, d), BLOCK_K):
+            ks = k0 + offs_k
+            a_offs = rows[:, None] * stride_a + ks[None, :]
+            b_offs = cols[:, None] * stride_b + ks[None, :]
+            a_mask = (rows < m)[:, None] & (ks < d)[None, :]
+            b_mask = (cols < n)[:, None] & (ks < d)[None, :]
+            a = tl.load(a_ptr + a_offs, mask=a_mask, other=0.0)
+            b = tl.load(b_ptr + b_offs, mask=b_mask, other=0.0)
+            a_lo = tl.load(a_lo_ptr + a_offs, mask=a_mask, other=0.0)
+            b_lo = tl.load(b_lo_ptr + b_offs, mask=b_mask, other=0.0)
+            if UPCAST:
+                a, b, a_lo, b_lo = a.to(tl.float32), b.to(tl.float32), a_lo.to(tl.float32), b_lo.to(tl.float32)
+            step = tl.dot(a_lo, tl.trans(b), input_precision=INPUT_PRECISION, out_dtype=tl.float32)
+            step = tl.dot(a, tl.trans(b_lo), step, input_precision=INPUT_PRECISION, out_dtype=tl.float32)
+            step = tl.dot(a, tl.trans(b), step, input_precision=INPUT_PRECISION, out_dtype=tl.float32)
+            group += step
+        dots += group
+    return dots
+
+
+# The cosines of one tile, rows × cols of a against b (a spare iteration passes rows ≥ m):
+#   c_ij = clamp(a_i·b_j · inv‖a_i‖ · inv‖b_j‖, −1, 1), the dot products from _tile_dots, or from
+#   _split_tile_dots when SPLIT (the inverse norms are then 2^-15); keep = the pairs inside both
+#   matrices (and j > i when SELF_PAIRS).
+@triton.jit
+def _cosine_tile(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d, stride_a, stride_b,
+                 SELF_PAIRS: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                 SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    row_ok = rows < m
+    col_ok = cols < n
+    if SPLIT:
+        dots = _split_tile_dots(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, rows, cols, m, n, d, stride_a, stride_b, UPCAST,
+                                INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_GROUP_STEPS)
+    else:
+        dots = _tile_dots(a_ptr, b_ptr, rows, cols, m, n, d, stride_a, stride_b, UPCAST, INPUT_PRECISION,
+                          BLOCK_M, BLOCK_N, BLOCK_K)
     inv_a = tl.load(a_inv_ptr + rows, mask=row_ok, other=0.0)
     inv_b = tl.load(b_inv_ptr + cols, mask=col_ok, other=0.0)
     c = tl.minimum(tl.maximum(dots * inv_a[:, None] * inv_b[None, :], -1.0), 1.0)
@@ -66,11 +136,11 @@ def _cosine_tile(a_ptr, b_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d, stride
 # d and the strides are, for aligned vector loads.
 @triton.jit(do_not_specialize=["m", "n", "n_tiles", "n_col_tiles", "tiles_per_program", "bins"])
 def _pairwise_cosine_stats_kernel(
-    a_ptr, b_ptr, a_inv_ptr, b_inv_ptr,
+    a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, a_inv_ptr, b_inv_ptr,
     m, n, d, stride_a, stride_b, n_tiles, n_col_tiles, tiles_per_program,
     lo, hi, bins_per_unit, bins,
     sum_ptr, sum_sq_ptr, min_ptr, max_ptr, outside_ptr, hist_ptr,
-    SELF_PAIRS: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    SELF_PAIRS: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -93,8 +163,9 @@ def _pairwise_cosine_stats_kernel(
             bj = t64 % n_col_tiles
         rows = bi * BLOCK_M + tl.arange(0, BLOCK_M) + tl.where(tile_ok, 0, m)  # a spare iteration keeps nothing
         cols = bj * BLOCK_N + tl.arange(0, BLOCK_N)
-        c, keep = _cosine_tile(a_ptr, b_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d, stride_a, stride_b,
-                               SELF_PAIRS, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+        c, keep = _cosine_tile(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d,
+                               stride_a, stride_b, SELF_PAIRS, UPCAST, INPUT_PRECISION, SPLIT,
+                               BLOCK_M, BLOCK_N, BLOCK_K)
         c_kept = tl.where(keep, c, 0.0).to(tl.float64)
         acc_sum += tl.sum(tl.sum(c_kept, axis=1), axis=0)
         acc_sum_sq += tl.sum(tl.sum(c_kept * c_kept, axis=1), axis=0)
@@ -130,11 +201,11 @@ def _pairwise_cosine_stats_kernel(
 #   then one integer atomic per window bin; a pair outside the window takes its own atomic.
 @triton.jit(do_not_specialize=["m", "n", "n_tiles", "tiles_per_program", "bins"])
 def _pairwise_cosine_stats_grouped_kernel(
-    a_ptr, b_ptr, a_inv_ptr, b_inv_ptr, order_ptr,
+    a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, a_inv_ptr, b_inv_ptr, order_ptr,
     m, n, d, stride_a, stride_b, n_tiles, tiles_per_program,
     lo, hi, bins_per_unit, bins,
     tile_sum_ptr, tile_sq_ptr, tile_min_ptr, tile_max_ptr, tile_outside_ptr, hist_ptr,
-    SELF_PAIRS: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    SELF_PAIRS: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WINDOW: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -149,8 +220,9 @@ def _pairwise_cosine_stats_grouped_kernel(
         bj = tl.load(order_ptr + 2 * t + 1).to(tl.int64)
         rows = bi * BLOCK_M + tl.arange(0, BLOCK_M) + tl.where(tile_ok, 0, m)  # a spare iteration keeps nothing
         cols = bj * BLOCK_N + tl.arange(0, BLOCK_N)
-        c, keep = _cosine_tile(a_ptr, b_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d, stride_a, stride_b,
-                               SELF_PAIRS, UPCAST, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+        c, keep = _cosine_tile(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d,
+                               stride_a, stride_b, SELF_PAIRS, UPCAST, INPUT_PRECISION, SPLIT,
+                               BLOCK_M, BLOCK_N, BLOCK_K)
         c_kept = tl.where(keep, c, 0.0)
         tl.store(tile_sum_ptr + t, tl.sum(tl.sum(c_kept, axis=1), axis=0).to(tl.float64), mask=tile_ok)
         tl.store(tile_sq_ptr + t, tl.sum(tl.sum(c_kept * c_kept, axis=1), axis=0).to(tl.float64), mask=tile_ok)
@@ -224,11 +296,13 @@ def _grouped_order(row_tiles: int, col_tiles: int, self_pairs: bool, group: int,
     return _grouped_order_on(row_tiles, col_tiles, self_pairs, group, str(torch.device(device)))
 
 
-def _config(dtype: torch.dtype, interp: bool):
-    """(BLOCK_M=BLOCK_N, BLOCK_K, num_warps, num_stages)."""
+def _config(dtype: torch.dtype, interp: bool, split: bool = False):
+    """(BLOCK_M=BLOCK_N, BLOCK_K, num_warps, num_stages). On a GPU the split pass loads four
+    float16 tiles per step (32 KB per stage at BLOCK_K = 32) and refreshes its accumulator every 32
+    of d."""
     if interp:
         return 64, 64, 4, 1
-    if dtype == torch.float32:
+    if dtype == torch.float32 or split:
         return 128, 32, 8, 3
     return 128, 64, 8, 3
 
@@ -262,25 +336,82 @@ def _histogram_spec(bins: int, lo: float, hi: float):
     return spec_lo, spec_hi, float(torch.tensor(bins / (spec_hi - spec_lo), dtype=torch.float32))
 
 
-def _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp):
-    """Launches the kernel over `programs` programs into `partials` (contiguous a, b; b is None
-    for the pairs i<j of a). No host synchronization."""
-    self_pairs = b is None
-    b, b_inv_norm = (a, a_inv_norm) if self_pairs else (b, b_inv_norm)
-    block, block_k, num_warps, num_stages = _config(a.dtype, interp)
+SPLIT_SCALE = 2.0 ** 15  # the split pass's rows y = x̂·2^15: |y| ≤ 2^15 < 65504, float16's largest
+FP32_PASSES = ("split", "ieee")
+FP32_PASS_ENV = "REPCAP_TRITON_STATS_FP32_PASS"
+
+
+def fp32_pass() -> str:
+    """How float32 inputs at "highest" form their dot products: REPCAP_TRITON_STATS_FP32_PASS,
+    "split" (the default: three float16 tensor-core products of split rows) or "ieee" (float32
+    FMA), or a ValueError naming the variable."""
+    name = os.environ.get(FP32_PASS_ENV, "split")
+    if name not in FP32_PASSES:
+        raise ValueError(f"{FP32_PASS_ENV} must be one of {FP32_PASSES}, got {name!r}")
+    return name
+
+
+def split_operand(x: torch.Tensor, inv_norm: torch.Tensor, chunk_bytes: int = 256 << 20):
+    """(h, l, inv): the float16 parts of the scaled unit rows y = x·inv_norm·2^15, formed in
+    float64, h = fp16(y) and l = fp16(y − h) (round to nearest), so y = h + l to about 2^-22·|y|;
+    inv is 2^-15 per row, the kernel's scale back. Worked in row chunks of chunk_bytes of float64."""
+    m, d = x.shape
+    hi = torch.empty(m, d, dtype=torch.float16, device=x.device)
+    lo = torch.empty_like(hi)
+    rows = max(1, chunk_bytes // (8 * d))
+    for r0 in range(0, m, rows):
+        y = x[r0:r0 + rows].to(torch.float64) * (inv_norm[r0:r0 + rows].to(torch.float64) * SPLIT_SCALE)[:, None]
+        h = y.to(torch.float16)
+        hi[r0:r0 + rows] = h
+        lo[r0:r0 + rows] = (y - h.to(torch.float64)).to(torch.float16)
+    return hi, lo, torch.full((m,), 1.0 / SPLIT_SCALE, dtype=torch.float32, device=x.device)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOperands:
+    """What a kernel reads: a and b (b None for the pairs i<j of a) with their inverse norms; for
+    the split pass, the high parts in a and b and the low parts in a_lo and b_lo (otherwise a_lo
+    is a, b_lo is b, unread)."""
+
+    a: torch.Tensor
+    a_lo: torch.Tensor
+    a_inv: torch.Tensor
+    b: Optional[torch.Tensor]
+    b_lo: Optional[torch.Tensor]
+    b_inv: Optional[torch.Tensor]
+    split: bool
+    dtype: torch.dtype  # the inputs' dtype (float32 for the split pass)
+
+
+def kernel_operands(a, a_inv_norm, b, b_inv_norm, precision: str) -> KernelOperands:
+    """The operands of one launch: float32 inputs at "highest" split when fp32_pass() is "split"."""
+    if a.dtype != torch.float32 or precision != "highest" or fp32_pass() != "split":
+        return KernelOperands(a, a, a_inv_norm, b, b, b_inv_norm, False, a.dtype)
+    a_hi, a_lo, a_inv = split_operand(a, a_inv_norm)
+    b_hi, b_lo, b_inv = (None, None, None) if b is None else split_operand(b, b_inv_norm)
+    return KernelOperands(a_hi, a_lo, a_inv, b_hi, b_lo, b_inv, True, torch.float32)
+
+
+def _launch(ops: KernelOperands, bins, lo, hi, precision, programs, partials, interp):
+    """Launches the kernel over `programs` programs into `partials` (contiguous operands; ops.b
+    None for the pairs i<j of ops.a). No host synchronization."""
+    self_pairs = ops.b is None
+    a, a_lo, a_inv_norm = ops.a, ops.a_lo, ops.a_inv
+    b, b_lo, b_inv_norm = (a, a_lo, a_inv_norm) if self_pairs else (ops.b, ops.b_lo, ops.b_inv)
+    block, block_k, num_warps, num_stages = _config(ops.dtype, interp, ops.split)
     n_tiles, col_tiles = tile_counts(a.shape[0], b.shape[0], self_pairs, block)
     spec_lo, spec_hi, bins_per_unit = _histogram_spec(bins, lo, hi)
     m, d = a.shape
     n = b.shape[0]
     _pairwise_cosine_stats_kernel[(programs,)](
-        a, b, a_inv_norm, b_inv_norm,
+        a, b, a_lo, b_lo, a_inv_norm, b_inv_norm,
         m, n, d, a.stride(0), b.stride(0), n_tiles, col_tiles, triton.cdiv(n_tiles, programs),
         spec_lo, spec_hi, bins_per_unit, bins,
         partials["sums"], partials["sums_sq"], partials["mins"], partials["maxs"], partials["outside"],
         partials["hist"],
         SELF_PAIRS=self_pairs,
         UPCAST=a.dtype != torch.float32 and interp,  # tl.dot on bf16 is wrong when interpreting
-        INPUT_PRECISION=input_precision(precision, a.dtype),
+        INPUT_PRECISION=input_precision(precision, a.dtype), SPLIT=ops.split,
         BLOCK_M=block, BLOCK_N=block, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
     )
@@ -288,40 +419,39 @@ def _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, par
 
 KERNEL_VARIANTS = ("strided", "grouped")
 KERNEL_ENV = "REPCAP_TRITON_STATS_KERNEL"
-# "auto" per input dtype: the variant measured fastest on an H200 by bench/gpu_suite.sh. Until the
-# grouped variant has been measured there, the strided one (measured 2026-11-30) stays.
-AUTO_VARIANT = {torch.bfloat16: "strided", torch.float16: "strided", torch.float32: "strided"}
 
 
-def kernel_variant(dtype: torch.dtype) -> str:
-    """The variant that runs for inputs of `dtype`: REPCAP_TRITON_STATS_KERNEL ("auto" by default,
-    then AUTO_VARIANT), or a ValueError naming the variable."""
+def kernel_variant(dtype: torch.dtype, d: int) -> str:
+    """The variant that runs for inputs of `dtype` with `d` columns: REPCAP_TRITON_STATS_KERNEL, or
+    for "auto" (the default) the packaged table's choice (repcap_fast._kernel_choices.choose); a
+    ValueError names the variable."""
     name = os.environ.get(KERNEL_ENV, "auto")
     if name == "auto":
-        return AUTO_VARIANT.get(dtype, "strided")
+        return choose("pairwise_cosine_stats", "triton", dtype, d)
     if name not in KERNEL_VARIANTS:
         raise ValueError(f"{KERNEL_ENV} must be 'auto' or one of {KERNEL_VARIANTS}, got {name!r}")
     return name
 
 
-def _launch_grouped(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp):
+def _launch_grouped(ops: KernelOperands, bins, lo, hi, precision, programs, partials, interp):
     """The grouped kernel over `programs` programs into `partials` (_grouped_partials)."""
-    self_pairs = b is None
-    b, b_inv_norm = (a, a_inv_norm) if self_pairs else (b, b_inv_norm)
-    block, block_k, num_warps, num_stages = _config(a.dtype, interp)
+    self_pairs = ops.b is None
+    a, a_lo, a_inv_norm = ops.a, ops.a_lo, ops.a_inv
+    b, b_lo, b_inv_norm = (a, a_lo, a_inv_norm) if self_pairs else (ops.b, ops.b_lo, ops.b_inv)
+    block, block_k, num_warps, num_stages = _config(ops.dtype, interp, ops.split)
     n_tiles = partials["tile_sum"].shape[0]
     spec_lo, spec_hi, bins_per_unit = _histogram_spec(bins, lo, hi)
     m, d = a.shape
     n = b.shape[0]
     _pairwise_cosine_stats_grouped_kernel[(programs,)](
-        a, b, a_inv_norm, b_inv_norm, partials["order"],
+        a, b, a_lo, b_lo, a_inv_norm, b_inv_norm, partials["order"],
         m, n, d, a.stride(0), b.stride(0), n_tiles, triton.cdiv(n_tiles, programs),
         spec_lo, spec_hi, bins_per_unit, bins,
         partials["tile_sum"], partials["tile_sq"], partials["tile_min"], partials["tile_max"],
         partials["tile_outside"], partials["hist"],
         SELF_PAIRS=self_pairs,
         UPCAST=a.dtype != torch.float32 and interp,  # tl.dot on bf16 is wrong when interpreting
-        INPUT_PRECISION=input_precision(precision, a.dtype),
+        INPUT_PRECISION=input_precision(precision, a.dtype), SPLIT=ops.split,
         BLOCK_M=block, BLOCK_N=block, BLOCK_K=block_k, WINDOW=min(WINDOW, triton.next_power_of_2(bins)),
         num_warps=num_warps, num_stages=num_stages,
     )
@@ -348,7 +478,8 @@ def _grouped_partials(m: int, n: int, d: int, self_pairs: bool, dtype: torch.dty
 
 def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision="highest"):
     """Launcher. The contract of torch.ops.repcap_fast.pairwise_cosine_stats (csrc/module.cpp),
-    with precision "highest" or "tf32" (float32 inputs); the kernel variant of kernel_variant().
+    with precision "highest" or "tf32" (float32 inputs); the kernel variant of kernel_variant(),
+    and for float32 inputs at "highest" the pass of fp32_pass().
 
     Returns (moments float64[4] = Σc, Σc², min, max; counts int64[3] = pairs, below, above;
     hist int64[bins]) on the CPU.
@@ -357,7 +488,7 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, pre
         raise ValueError(f"pairwise_cosine_stats (triton): bins must be in [1, {kernel_limits().histogram_bins}], "
                          f"got {bins}")
     interp = interpreting()
-    variant = kernel_variant(a.dtype)
+    variant = kernel_variant(a.dtype, a.shape[1])
     self_pairs = b is None
     a, a_inv_norm = a.contiguous(), a_inv_norm.contiguous()
     if not self_pairs:
@@ -367,10 +498,12 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, pre
     n_tiles, _ = tile_counts(m, n, self_pairs, _config(a.dtype, interp)[0])
     programs = _num_programs(n_tiles, _program_slots(a.device, interp))
     pairs = m * (m - 1) // 2 if self_pairs else m * n
+    with device_guard(a):
+        ops = kernel_operands(a, a_inv_norm, b, b_inv_norm, precision)
     if variant == "grouped":
         partials = _grouped_partials(m, n, a.shape[1], self_pairs, a.dtype, programs, bins, a.device, interp)
         with device_guard(a):
-            _launch_grouped(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp)
+            _launch_grouped(ops, bins, lo, hi, precision, programs, partials, interp)
         # torch's float64 sum of the per-tile partials: a fixed reduction tree, the same on every run.
         moments = torch.stack([partials["tile_sum"].sum(), partials["tile_sq"].sum(),
                                partials["tile_min"].min().double(), partials["tile_max"].max().double()]).cpu()
@@ -378,7 +511,7 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, pre
     else:
         partials = _partials(programs, bins, a.device)
         with device_guard(a):
-            _launch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision, programs, partials, interp)
+            _launch(ops, bins, lo, hi, precision, programs, partials, interp)
         # Fixed-order float64 merge of the per-program partials.
         sums, sums_sq = partials["sums"].cpu().tolist(), partials["sums_sq"].cpu().tolist()
         total_sum = total_sum_sq = 0.0

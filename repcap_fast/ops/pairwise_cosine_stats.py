@@ -15,7 +15,9 @@ hist int64[bins]).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from builtins import range as _range  # the public functions take an argument named range
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
@@ -35,6 +37,7 @@ from .._backends import (
     resolve_backend,
     triton_kernels,
 )
+from .._kernel_choices import choose
 from .._progress import progress_bar
 from ..reference import cosine_moments_reference, pairwise_cosine_stats_reference
 
@@ -293,9 +296,12 @@ def pairwise_cosine_stats(
         n_rows: use only the first n_rows rows (padded vocabularies): of A, and of B too when B
             is given; a pair (n_a, n_b) sets them apart (None keeps all rows).
         backend: "auto", "cuda", "triton", "cpu" or "torch" (the float64 reference).
-        precision: "highest" (float32 inputs: float32 products and sums) or "tf32" (float32
-            inputs on GPU tensor cores, about 1e-3 per cosine). 16-bit inputs always use exact
-            products with float32 sums; the CPU kernel always works in float32.
+        precision: "highest" (float32 inputs: cosines to float32's error, about 2e-7) or "tf32"
+            (float32 inputs on GPU tensor cores, about 1e-3 per cosine). At "highest" the triton
+            backend splits each float32 unit row into two float16 parts and forms each dot product
+            from three exact tensor-core products with float32 sums (REPCAP_TRITON_STATS_FP32_PASS
+            = "ieee" runs float32 FMA instead). 16-bit inputs always use exact products with
+            float32 sums; the CPU kernel always works in float32.
         progress: show a progress bar (default: on when pairs × d ≥ 8e10, about a second of CPU).
         group: a torch.distributed process group. When one is given, or the default group is
             initialized with more than one rank (torchrun), the jobs are split across the ranks,
@@ -324,10 +330,23 @@ def pairwise_cosine_stats(
         settings={"bins": inputs.bins, "range": [inputs.lo, inputs.hi], "zero_rows": zero_rows,
                   "n_rows": list(n_rows) if isinstance(n_rows, (tuple, list)) else n_rows,
                   "precision": precision, "dtype": str(ops.a.dtype).replace("torch.", ""),
-                  "compute": "float64" if inputs.backend == "torch" else
-                  ("mean and std from the float64 Gram identity; min, max and histogram from float32 dot products"
-                   if exact_moments else "float32 dot products, float64 sums")},
+                  "compute": _compute_description(inputs, exact_moments)},
     )
+
+
+def _compute_description(inputs: _Inputs, exact_moments: bool) -> str:
+    """How the statistics were formed, for ``settings["compute"]``."""
+    if inputs.backend == "torch":
+        return "float64"
+    a, b = inputs.ops.a, inputs.ops.b
+    float32_operands = a.dtype in (torch.float32, torch.float64) or (b is not None and b.dtype != a.dtype)
+    dots = "float32 dot products"
+    if (inputs.backend == "triton" and inputs.precision == "highest" and float32_operands
+            and triton_kernels().pairwise_cosine_stats_fp32_pass() == "split"):
+        dots = "float32 dot products of split float16 parts (three tensor-core products per pair)"
+    if exact_moments:
+        return f"mean and std from the float64 Gram identity; min, max and histogram from {dots}"
+    return f"{dots}, float64 sums"
 
 
 def _moments_from_gram_identity(inputs: _Inputs) -> bool:
@@ -479,12 +498,34 @@ def _pairwise_cosine_stats(inputs: _Inputs, progress: Optional[bool], group) -> 
 # ------------------------------------------------------------------------------- launchers
 
 
+CUDA_KERNEL_ENV = "REPCAP_CUDA_STATS_KERNEL"
+
+
+@contextlib.contextmanager
+def _cuda_kernel_variant(a: torch.Tensor):
+    """The CUDA op reads its variant from REPCAP_CUDA_STATS_KERNEL. For CUDA tensors, when that is
+    unset or "auto", it is set for the call to the packaged table's choice for a's dtype and d
+    (repcap_fast._kernel_choices), then restored."""
+    saved = os.environ.get(CUDA_KERNEL_ENV)
+    if a.device.type != "cuda" or saved not in (None, "auto"):
+        yield
+        return
+    os.environ[CUDA_KERNEL_ENV] = choose("pairwise_cosine_stats", "cuda", a.dtype, a.shape[1])
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(CUDA_KERNEL_ENV, None)
+        else:
+            os.environ[CUDA_KERNEL_ENV] = saved
+
+
 @register_kernel("pairwise_cosine_stats", "cpu", "cuda")
 def _pairwise_cosine_stats_compiled(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision):
     """The C++ op; the dispatcher routes CPU tensors to csrc/cpu and CUDA tensors to csrc/cuda. On
     CUDA its kernel variant is REPCAP_CUDA_STATS_KERNEL's ("tiles", or "panels", whose float32
-    GEMMs run through cuBLAS at `precision`, set here)."""
-    with cublas_precision(precision, a.device):
+    GEMMs run through cuBLAS at `precision`, set here; "auto" follows the packaged table)."""
+    with cublas_precision(precision, a.device), _cuda_kernel_variant(a):
         return torch.ops.repcap_fast.pairwise_cosine_stats(a, a_inv_norm, b, b_inv_norm, bins, lo, hi,
                                                            precision_code(precision))
 
