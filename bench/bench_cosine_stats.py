@@ -4,11 +4,11 @@ in one run and reported as ratios, with the floor (bare GEMMs of the same shape)
     python -m pytest bench/bench_cosine_stats.py -s            # CPU: MiniLM 30522×384 + scaling
     python -m pytest bench/bench_cosine_stats.py -s -k gpu     # GPU section (bench/gpu_suite.sh)
 
-On a GPU every kernel variant runs side by side: cuda's "tiles" and "panels", Triton's "strided"
-and "grouped" (the winners belong in the auto choices: AUTO_VARIANT of
-triton_kernels/pairwise_cosine_stats.py, use_cuda_panels in csrc/pairwise_cosine_stats_ops.cpp);
-for float32 at d = 4096 also Triton's float32 FMA pass ("triton_ieee",
-REPCAP_TRITON_STATS_FP32_PASS=ieee) beside its default split pass.
+On a GPU every kernel variant runs side by side: cuda's "tiles" and "panels", Triton's "strided",
+"grouped" and "grouped_tma"; for float32 at d = 4096 also Triton's float32 FMA pass ("triton_ieee",
+REPCAP_TRITON_STATS_FP32_PASS=ieee) beside its default split pass. The fastest variant per
+backend, dtype and d goes to kernel_choices.json (write_kernel_choices), the table that "auto"
+follows once it is copied to repcap_fast/data/kernel_choices.json.
 
 Results: a table printed last and JSON under bench/results/ (bench/_harness.py).
 """
@@ -134,7 +134,7 @@ def test_gpu_cosine_stats(d, dtype):
     # Every kernel variant side by side, by name (REPCAP_CUDA_STATS_KERNEL, REPCAP_TRITON_STATS_KERNEL,
     # and for float32 REPCAP_TRITON_STATS_FP32_PASS).
     variants = [("cuda", "cuda", "tiles"), ("cuda_panels", "cuda", "panels"), ("triton", "triton", "strided"),
-                ("triton_grouped", "triton", "grouped")]
+                ("triton_grouped", "triton", "grouped"), ("triton_grouped_tma", "triton", "grouped_tma")]
     if dtype == torch.float32 and d == 4096:
         variants.append(("triton_ieee", "triton", "strided"))
     for name, backend, variant in variants:
@@ -173,7 +173,7 @@ def test_gpu_cosine_stats(d, dtype):
 # --- report ------------------------------------------------------------------------------------
 
 # The kernel variants of each backend in a GPU row: column name -> variant name.
-CHOICE_COLUMNS = {"triton": {"triton": "strided", "triton_grouped": "grouped"},
+CHOICE_COLUMNS = {"triton": {"triton": "strided", "triton_grouped": "grouped", "triton_grouped_tma": "grouped_tma"},
                   "cuda": {"cuda": "tiles", "cuda_panels": "panels"}}
 
 
@@ -231,17 +231,20 @@ def test_zz_report():
                  "naive_triton": ratio(r.get("naive_torch"), r.get("triton")),
                  "triton_gemm": ratio(r.get("triton"), r.get("gemm_floor")),
                  "grouped_gemm": ratio(r.get("triton_grouped"), r.get("gemm_floor")),
+                 "tma_gemm": ratio(r.get("triton_grouped_tma"), r.get("gemm_floor")),
                  "panels_gemm": ratio(r.get("cuda_panels"), r.get("gemm_floor"))} for r in gpu]
         lines += format_table([("d", "d"), ("dtype", "dtype"), ("cuda", "cuda s"), ("cuda_panels", "panels s"),
                                ("triton", "triton s"), ("triton_grouped", "grouped s"),
+                               ("triton_grouped_tma", "grouped_tma s"),
                                ("triton_ieee", "triton fp32 FMA s"), ("naive_torch", "naive s"),
                                ("gemm_floor", "gemm s"), ("naive_cuda", "naive/cuda"), ("cuda_gemm", "cuda/gemm"),
                                ("panels_gemm", "panels/gemm"), ("naive_triton", "naive/triton"),
-                               ("triton_gemm", "triton/gemm"), ("grouped_gemm", "grouped/gemm")], rows,
-                              {k: ".3f" for k in ("cuda", "cuda_panels", "triton", "triton_grouped", "triton_ieee",
-                                                  "naive_torch", "gemm_floor")}
+                               ("triton_gemm", "triton/gemm"), ("grouped_gemm", "grouped/gemm"),
+                               ("tma_gemm", "grouped_tma/gemm")], rows,
+                              {k: ".3f" for k in ("cuda", "cuda_panels", "triton", "triton_grouped",
+                                                  "triton_grouped_tma", "triton_ieee", "naive_torch", "gemm_floor")}
                               | {k: ".2f" for k in ("naive_cuda", "cuda_gemm", "panels_gemm", "naive_triton",
-                                                    "triton_gemm", "grouped_gemm")})
+                                                    "triton_gemm", "grouped_gemm", "tma_gemm")})
     write_results(f"cosine_stats_{'gpu' if gpu else 'cpu'}", {"op": "pairwise_cosine_stats", "results": RESULTS},
                   lines)
     if gpu and not SMOKE:

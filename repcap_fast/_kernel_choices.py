@@ -22,7 +22,7 @@ import torch
 
 FORMAT = "repcap_fast.kernel_choices/1"
 # The variants of each (op, backend) that a table may name, and the fallback of each.
-VARIANTS = {("pairwise_cosine_stats", "triton"): ("strided", "grouped"),
+VARIANTS = {("pairwise_cosine_stats", "triton"): ("strided", "grouped", "grouped_tma"),
             ("pairwise_cosine_stats", "cuda"): ("tiles", "panels")}
 DEFAULTS = {("pairwise_cosine_stats", "triton"): "strided", ("pairwise_cosine_stats", "cuda"): "tiles"}
 _DTYPES = ("float32", "bfloat16", "float16")

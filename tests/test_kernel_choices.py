@@ -89,6 +89,21 @@ def test_triton_auto_follows_the_table_and_the_variable_overrides_it(monkeypatch
     assert tk.kernel_variant(torch.bfloat16, 1024) == "strided"
 
 
+def test_the_table_and_the_benchmark_name_every_triton_variant(monkeypatch):
+    """A variant the Triton launcher runs by name is one a table may choose, and one the GPU
+    benchmark times (a column of its rows), and the other way round."""
+    from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
+
+    assert kc.VARIANTS[("pairwise_cosine_stats", "triton")] == tk.KERNEL_VARIANTS
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "bench"))
+    spec = importlib.util.spec_from_file_location("bench_cosine_stats_columns",
+                                                  os.path.join(ROOT, "bench", "bench_cosine_stats.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for backend, columns in bench.CHOICE_COLUMNS.items():
+        assert tuple(columns.values()) == kc.VARIANTS[("pairwise_cosine_stats", backend)]
+
+
 def test_cuda_auto_follows_the_table_for_the_call(monkeypatch):
     """The C++ op reads REPCAP_CUDA_STATS_KERNEL: for a CUDA tensor with the variable unset or
     "auto", the launcher sets the table's choice for the call and restores it; a set variable
@@ -124,11 +139,13 @@ def test_the_gpu_benchmark_writes_a_table_auto_can_read(tmp_path, monkeypatch):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     monkeypatch.setattr(bench, "OUT_DIR", str(tmp_path))
-    rows = [{"d": 896, "dtype": "bfloat16", "cuda": 0.15, "cuda_panels": 0.09, "triton": 0.2, "triton_grouped": 0.25},
-            {"d": 4096, "dtype": "float32", "cuda": 2.3, "cuda_panels": None, "triton": 0.9, "triton_grouped": 0.6}]
+    rows = [{"d": 896, "dtype": "bfloat16", "cuda": 0.15, "cuda_panels": 0.09, "triton": 0.2, "triton_grouped": 0.25,
+             "triton_grouped_tma": 0.3},
+            {"d": 4096, "dtype": "float32", "cuda": 2.3, "cuda_panels": None, "triton": 0.9, "triton_grouped": 0.6,
+             "triton_grouped_tma": 0.5}]
     path = bench.write_kernel_choices(rows, {"gpu": "test", "date_utc": "now", "results": str(tmp_path)})
     with open(path) as f:
         table = kc.check_table(json.load(f))
     got = {(e["backend"], e["dtype"], e["d"]): e["variant"] for e in table["choices"]}
     assert got == {("cuda", "bfloat16", 896): "panels", ("triton", "bfloat16", 896): "strided",
-                   ("cuda", "float32", 4096): "tiles", ("triton", "float32", 4096): "grouped"}
+                   ("cuda", "float32", 4096): "tiles", ("triton", "float32", 4096): "grouped_tma"}

@@ -60,31 +60,48 @@ def test_rectangular_a_by_b(device, backend, dtype, m, n, d):
     assert_matches(stats, cosines64(a, b), dtype=kernel_dtype(backend, dtype))
 
 
+def spy_on_grouped_launches(monkeypatch, tk) -> list:
+    """Records the `tma` flag of each launch of the grouped kernel (whether it read through TMA)."""
+    launches = []
+    launch = tk._launch_grouped
+
+    def recorded(*args, tma=False, **kwargs):
+        launches.append(tma)
+        return launch(*args, tma=tma, **kwargs)
+
+    monkeypatch.setattr(tk, "_launch_grouped", recorded)
+    return launches
+
+
 @pytest.mark.parametrize("device,backend", device_backends(cpu=["triton"], gpu=["triton"]))
+@pytest.mark.parametrize("variant", ["grouped", "grouped_tma"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("window", [256, 8])
 @pytest.mark.parametrize("shape", [(300, None, 24), (97, 1, 64), (130, 259, 33)], ids=["self", "one-col", "rect"])
-def test_triton_grouped_variant_matches_the_reference(monkeypatch, device, backend, dtype, window, shape):
+def test_triton_grouped_variant_matches_the_reference(monkeypatch, device, backend, variant, dtype, window, shape):
     """The grouped Triton kernel (super-tile order, per-tile partials, windowed histogram; window 8
-    drives the pairs beyond the window through their own atomics) against float64; under the
-    interpreter its integer counts, min and max are the strided kernel's, bitwise (the same tiles,
-    so the same cosines)."""
+    drives the pairs beyond the window through their own atomics), with pointer loads or TMA
+    descriptors (grouped_tma; rows of 33 elements are not a multiple of 16 bytes, so that shape
+    runs without), against float64; under the interpreter its integer counts, min and max are the
+    strided kernel's, bitwise (the same tiles, so the same cosines)."""
     from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
 
     m, n, d = shape
     a = random_matrix(m, d, dtype, seed=3)
     b = None if n is None else random_matrix(n, d, dtype, seed=4)
     monkeypatch.setattr(tk, "WINDOW", window)
-    monkeypatch.setenv(tk.KERNEL_ENV, "grouped")
+    monkeypatch.setenv(tk.KERNEL_ENV, variant)
+    launches = spy_on_grouped_launches(monkeypatch, tk)
     got = rf.pairwise_cosine_stats(a.to(device), None if b is None else b.to(device), backend=backend,
                                    bins=1000, range=(-0.6, 0.7))
     assert_matches(got, cosines64(a, b), dtype=dtype, bins=1000, lo=-0.6, hi=0.7)
     if device == "cpu":
+        assert launches == [variant == "grouped_tma" and d * a.element_size() % 16 == 0]
         monkeypatch.setenv(tk.KERNEL_ENV, "strided")
         strided = rf.pairwise_cosine_stats(a, b, backend=backend, bins=1000, range=(-0.6, 0.7))
         assert torch.equal(got.hist, strided.hist) and (got.below, got.above) == (strided.below, strided.above)
         assert (got.min, got.max) == (strided.min, strided.max)
-        monkeypatch.setenv(tk.KERNEL_ENV, "grouped")
+        monkeypatch.setenv(tk.KERNEL_ENV, variant)
         again = rf.pairwise_cosine_stats(a, b, backend=backend, bins=1000, range=(-0.6, 0.7))
         assert (again.sum, again.sum_sq) == (got.sum, got.sum_sq)  # bitwise repeatable
 
@@ -189,7 +206,7 @@ def test_split_products_emulated_on_minilm_rows(minilm_embeddings):
 
 
 @pytest.mark.parametrize("device,backend", device_backends(cpu=["triton"], gpu=["triton"]))
-@pytest.mark.parametrize("variant", ["strided", "grouped"])
+@pytest.mark.parametrize("variant", ["strided", "grouped", "grouped_tma"])
 @pytest.mark.parametrize("case", ["random", "near-duplicates", "rect"])
 def test_triton_split_pass_holds_float32_bounds(monkeypatch, device, backend, variant, case):
     """float32 at "highest" on Triton (the split pass, the default): min and max within 1e-6 of
@@ -220,7 +237,7 @@ def test_triton_split_pass_holds_float32_bounds(monkeypatch, device, backend, va
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["strided", "grouped"])
+@pytest.mark.parametrize("variant", ["strided", "grouped", "grouped_tma"])
 def test_triton_split_pass_on_a_gpu_at_d_4096(monkeypatch, variant):
     """The split pass on the tensor cores, at d = 4096 on near-duplicates (cosines to 0.99): the
     fresh accumulator per BLOCK_K keeps min and max within 1e-6 even if the tensor cores truncate."""
@@ -301,8 +318,9 @@ def test_triton_kernel_variant_is_chosen_by_name(monkeypatch):
 
     monkeypatch.delenv(tk.KERNEL_ENV, raising=False)
     assert tk.kernel_variant(torch.bfloat16, 896) in tk.KERNEL_VARIANTS  # the measured table's (test_kernel_choices)
-    monkeypatch.setenv(tk.KERNEL_ENV, "grouped")
-    assert tk.kernel_variant(torch.float32, 896) == "grouped"
+    for variant in ("strided", "grouped", "grouped_tma"):
+        monkeypatch.setenv(tk.KERNEL_ENV, variant)
+        assert tk.kernel_variant(torch.float32, 896) == variant
     monkeypatch.setenv(tk.KERNEL_ENV, "fastest")
     with pytest.raises(ValueError, match="REPCAP_TRITON_STATS_KERNEL must be 'auto' or one of"):
         tk.kernel_variant(torch.float32, 896)
@@ -552,9 +570,9 @@ def test_minilm_cpu_matches_reference(minilm_embeddings, minilm_reference):
 
 @pytest.mark.slow
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cuda", "cuda-panels", "triton", "triton-grouped"])
+@pytest.mark.parametrize("backend", ["cuda", "cuda-panels", "triton", "triton-grouped", "triton-grouped_tma"])
 def test_minilm_gpu_matches_reference(minilm_embeddings, minilm_reference, backend, monkeypatch):
-    if backend in ("triton-grouped", "cuda-panels"):  # the second kernel variant of each, by name
+    if "-" in backend:  # the other kernel variants of each, by name
         backend, variant = backend.split("-")
         monkeypatch.setenv(f"REPCAP_{backend.upper()}_STATS_KERNEL", variant)
     gpu_backend_built(backend)

@@ -45,7 +45,8 @@ def test_triton_kernels_compile_for_gpu(variant, compiled):
     result = compiled[variant_id(variant)]
     assert result["ok"], result.get("error")
     names = {entry["kernel"] for entry in result["kernels"]}
-    want = {"pairwise_cosine_stats": {"_pairwise_cosine_stats_grouped_kernel" if variant.get("variant") == "grouped"
+    grouped = variant.get("variant") in ("grouped", "grouped_tma")
+    want = {"pairwise_cosine_stats": {"_pairwise_cosine_stats_grouped_kernel" if grouped
                                       else "_pairwise_cosine_stats_kernel"},
             "subspace_pga": {"_subspace_pga_distance_kernel", "_subspace_pga_rank_kernel"},
             "gram_offdiag_penalty": PENALTY_KERNELS[variant.get("kernels", "panel")],
@@ -73,6 +74,13 @@ def test_triton_kernels_compile_for_gpu(variant, compiled):
             and variant["d"] >= 256:
         # the check can fail: one accumulator over d (a single K step would start from zero)
         assert all(entry["fresh_accumulators"] == 0 for entry in result["kernels"]), result
+    if variant["op"] == "pairwise_cosine_stats":
+        # grouped_tma reads its operands by TMA copies (four per step for the split pass: its high
+        # and low parts of both blocks; two otherwise), and no other variant does
+        copies = (4 if variant["dtype"] == "fp32" and variant["precision"] == "highest" else 2) \
+            if variant.get("variant") == "grouped_tma" else 0
+        assert all(entry["tma_loads"] >= copies and (entry["tma_loads"] == 0) == (copies == 0)
+                   for entry in result["kernels"]), result
     if variant["op"] == "gram_offdiag_penalty" and variant["dtype"] == "fp32":
         # The dots run on the tensor cores the precision names (bf16: operands cast to bfloat16;
         # Hopper's wgmma on sm_90), and on FMA at "highest".

@@ -74,6 +74,19 @@ VARIANTS = [
           ("bf16", True, 700, 700, 48, 100, "highest", 90),  # a window narrower than 256 bins
           ("bf16", True, 30522, 30522, 384, 4096, "highest", 80),
       ]],
+    # the grouped variant reading through TMA descriptors (REPCAP_TRITON_STATS_KERNEL=grouped_tma; rows of
+    # a multiple of 16 bytes)
+    *[{"op": "pairwise_cosine_stats", "variant": "grouped_tma", "dtype": dt, "self": sp, "m": m, "n": n, "d": d,
+       "bins": 4096, "precision": pr, "arch": 90}
+      for dt, sp, m, n, d, pr in [
+          ("bf16", True, 151936, 151936, 4096, "highest"),
+          ("bf16", True, 151936, 151936, 896, "highest"),
+          ("bf16", True, 2, 2, 8, "highest"),
+          ("fp16", False, 65, 1, 384, "highest"),
+          ("fp32", True, 151936, 151936, 4096, "highest"),  # the split pass: four descriptors
+          ("fp32", False, 151936, 151936, 4096, "highest"),
+          ("fp32", True, 151936, 151936, 4096, "tf32"),
+      ]],
     # gram_offdiag_penalty: dtype, k rows, rows [row_offset, row_offset + m), d, with_grad, precision, p,
     # fused_max_d (None: the module's; 0 forces the panel path)
     *[{"op": "gram_offdiag_penalty", "dtype": dt, "k": k, "d": d, "with_grad": g, "precision": pr, "arch": a, "p": p,
@@ -199,13 +212,14 @@ def launches_of(v) -> list:
             os.environ.pop(cosine_module.FP32_PASS_ENV)
             if saved_pass is not None:
                 os.environ[cosine_module.FP32_PASS_ENV] = saved_pass
-        if v.get("variant") == "grouped":
+        if v.get("variant") in ("grouped", "grouped_tma"):
             partials = cosine_module._grouped_partials(m, n, d, v["self"], dtype, programs, v["bins"], META, False)
             saved = cosine_module.WINDOW
             cosine_module.WINDOW = v.get("window", saved)
             try:
                 return recorded_launches(cosine_module, lambda: cosine_module._launch_grouped(
-                    ops, v["bins"], -1.0, 1.0, v["precision"], programs, partials, False))
+                    ops, v["bins"], -1.0, 1.0, v["precision"], programs, partials, False,
+                    tma=v["variant"] == "grouped_tma"))
             finally:
                 cosine_module.WINDOW = saved
         partials = cosine_module._partials(programs, v["bins"], META)
@@ -252,6 +266,11 @@ def mma_kinds(ptx: str) -> list:
         operand = re.search(r"\.(bf16|f16|tf32|f64|e4m3|e5m2|s8|u8)\b", inst)
         kinds.add(f"{'wgmma' if inst.startswith('wgmma') else 'mma'}:{operand.group(1) if operand else '?'}")
     return sorted(kinds)
+
+
+def tma_loads(ptx: str) -> int:
+    """How many TMA copies (cp.async.bulk.tensor, global to shared memory) a kernel's PTX issues."""
+    return len(re.findall(r"^\s*(?:@!?%\w+\s+)?cp\.async\.bulk\.tensor\.", ptx, flags=re.MULTILINE))
 
 
 def fresh_accumulators(ptx: str) -> int:
@@ -317,7 +336,8 @@ def compile_launches(calls: list, arch: int, with_ptxas: bool) -> list:
             entry = {"kernel": fn.__name__, "seconds": round(time.time() - start, 2),
                      "shared_bytes": kernel.metadata.shared, "num_warps": options.num_warps,
                      "num_stages": options.num_stages, "mma": mma_kinds(kernel.asm["ptx"]),
-                     "fresh_accumulators": fresh_accumulators(kernel.asm["ptx"])}
+                     "fresh_accumulators": fresh_accumulators(kernel.asm["ptx"]),
+                     "tma_loads": tma_loads(kernel.asm["ptx"])}
             if with_ptxas:
                 entry.update(ptxas_info(kernel.asm["ptx"], arch))
             _COMPILED[key] = entry

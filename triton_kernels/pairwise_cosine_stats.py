@@ -16,6 +16,10 @@ from the table of repcap_fast/_kernel_choices.py):
   each tile is counted in registers over a window of WINDOW bins centred on the tile mean's bin
   (the cosines of a tile cluster: σ ≈ 1/√d) and added to the program's slice with one vector of
   integer atomics, only the pairs outside the window taking one atomic each.
+* "grouped_tma": the grouped kernel reading its operand blocks through TMA tensor descriptors
+  (the hardware copies each block to shared memory, zero-filled past the matrix; no address
+  arithmetic or masks in registers). It applies where rows are a multiple of 16 bytes on a GPU of
+  compute capability 9 or newer (``tma_applies``); elsewhere it runs as "grouped".
 
 Both are bitwise repeatable (the partials do not depend on the schedule, and are merged in a fixed
 order), and their integer counts are exact.
@@ -42,6 +46,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._backends import kernel_limits
 from .._kernel_choices import choose
@@ -54,17 +59,25 @@ SPLIT_GROUP_STEPS = tl.constexpr(8)
 
 
 # The dot products of one tile, Σ_k a_ik·b_jk over d in BLOCK_K steps, accumulated in float32.
+# With TMA, a_ptr and b_ptr are tensor descriptors of blocks [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K]
+# and the tile's blocks start at rows row0 and col0: the hardware copies them to shared memory,
+# filling rows and columns past the matrix with zeros (what the masked loads give).
 @triton.jit
-def _tile_dots(a_ptr, b_ptr, rows, cols, m, n, d, stride_a, stride_b, UPCAST: tl.constexpr,
-               INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _tile_dots(a_ptr, b_ptr, rows, cols, row0, col0, m, n, d, stride_a, stride_b, UPCAST: tl.constexpr,
+               INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
     offs_k = tl.arange(0, BLOCK_K)
     dots = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, d, BLOCK_K):
-        ks = k0 + offs_k
-        a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :], mask=(rows < m)[:, None] & (ks < d)[None, :],
-                    other=0.0)
-        b = tl.load(b_ptr + cols[:, None] * stride_b + ks[None, :], mask=(cols < n)[:, None] & (ks < d)[None, :],
-                    other=0.0)
+        if TMA:
+            a = a_ptr.load([row0, k0])
+            b = b_ptr.load([col0, k0])
+        else:
+            ks = k0 + offs_k
+            a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :],
+                        mask=(rows < m)[:, None] & (ks < d)[None, :], other=0.0)
+            b = tl.load(b_ptr + cols[:, None] * stride_b + ks[None, :],
+                        mask=(cols < n)[:, None] & (ks < d)[None, :], other=0.0)
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -77,24 +90,31 @@ def _tile_dots(a_ptr, b_ptr, rows, cols, m, n, d, stride_a, stride_b, UPCAST: tl
 # products first) in a fresh float32 accumulator, so the tensor cores never add into a large
 # running sum; the steps are summed in float32, rounded to nearest, per group of GROUP_STEPS steps,
 # and the groups into the tile's dots, which keeps that rounding small too (a two-level sum).
+# (With TMA, the four operands are tensor descriptors, as in _tile_dots.)
 @triton.jit
-def _split_tile_dots(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, rows, cols, m, n, d, stride_a, stride_b,
-                     UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+def _split_tile_dots(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, rows, cols, row0, col0, m, n, d, stride_a, stride_b,
+                     UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_STEPS: tl.constexpr):
     offs_k = tl.arange(0, BLOCK_K)
     dots = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for g0 in range(0, d, BLOCK_K * GROUP_STEPS):
         group = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(g0, tl.minimum(g0 + BLOCK_K * GROUP_STEPS, d), BLOCK_K):
-            ks = k0 + offs_k
-            a_offs = rows[:, None] * stride_a + ks[None, :]
-            b_offs = cols[:, None] * stride_b + ks[None, :]
-            a_mask = (rows < m)[:, None] & (ks < d)[None, :]
-            b_mask = (cols < n)[:, None] & (ks < d)[None, :]
-            a = tl.load(a_ptr + a_offs, mask=a_mask, other=0.0)
-            b = tl.load(b_ptr + b_offs, mask=b_mask, other=0.0)
-            a_lo = tl.load(a_lo_ptr + a_offs, mask=a_mask, other=0.0)
-            b_lo = tl.load(b_lo_ptr + b_offs, mask=b_mask, other=0.0)
+            if TMA:
+                a = a_ptr.load([row0, k0])
+                b = b_ptr.load([col0, k0])
+                a_lo = a_lo_ptr.load([row0, k0])
+                b_lo = b_lo_ptr.load([col0, k0])
+            else:
+                ks = k0 + offs_k
+                a_offs = rows[:, None] * stride_a + ks[None, :]
+                b_offs = cols[:, None] * stride_b + ks[None, :]
+                a_mask = (rows < m)[:, None] & (ks < d)[None, :]
+                b_mask = (cols < n)[:, None] & (ks < d)[None, :]
+                a = tl.load(a_ptr + a_offs, mask=a_mask, other=0.0)
+                b = tl.load(b_ptr + b_offs, mask=b_mask, other=0.0)
+                a_lo = tl.load(a_lo_ptr + a_offs, mask=a_mask, other=0.0)
+                b_lo = tl.load(b_lo_ptr + b_offs, mask=b_mask, other=0.0)
             if UPCAST:
                 a, b, a_lo, b_lo = a.to(tl.float32), b.to(tl.float32), a_lo.to(tl.float32), b_lo.to(tl.float32)
             step = tl.dot(a_lo, tl.trans(b), input_precision=INPUT_PRECISION, out_dtype=tl.float32)
@@ -108,19 +128,20 @@ def _split_tile_dots(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, rows, cols, m, n, d, stri
 # The cosines of one tile, rows × cols of a against b (a spare iteration passes rows ≥ m):
 #   c_ij = clamp(a_i·b_j · inv‖a_i‖ · inv‖b_j‖, −1, 1), the dot products from _tile_dots, or from
 #   _split_tile_dots when SPLIT (the inverse norms are then 2^-15); keep = the pairs inside both
-#   matrices (and j > i when SELF_PAIRS).
+#   matrices (and j > i when SELF_PAIRS). The operand blocks start at rows row0 and col0 (TMA).
 @triton.jit
-def _cosine_tile(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d, stride_a, stride_b,
-                 SELF_PAIRS: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                 SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _cosine_tile(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, a_inv_ptr, b_inv_ptr, rows, cols, row0, col0, m, n, d,
+                 stride_a, stride_b, SELF_PAIRS: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                 SPLIT: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
     row_ok = rows < m
     col_ok = cols < n
     if SPLIT:
-        dots = _split_tile_dots(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, rows, cols, m, n, d, stride_a, stride_b, UPCAST,
-                                INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_GROUP_STEPS)
+        dots = _split_tile_dots(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, rows, cols, row0, col0, m, n, d, stride_a,
+                                stride_b, UPCAST, INPUT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_GROUP_STEPS)
     else:
-        dots = _tile_dots(a_ptr, b_ptr, rows, cols, m, n, d, stride_a, stride_b, UPCAST, INPUT_PRECISION,
-                          BLOCK_M, BLOCK_N, BLOCK_K)
+        dots = _tile_dots(a_ptr, b_ptr, rows, cols, row0, col0, m, n, d, stride_a, stride_b, UPCAST,
+                          INPUT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_K)
     inv_a = tl.load(a_inv_ptr + rows, mask=row_ok, other=0.0)
     inv_b = tl.load(b_inv_ptr + cols, mask=col_ok, other=0.0)
     c = tl.minimum(tl.maximum(dots * inv_a[:, None] * inv_b[None, :], -1.0), 1.0)
@@ -163,8 +184,8 @@ def _pairwise_cosine_stats_kernel(
             bj = t64 % n_col_tiles
         rows = bi * BLOCK_M + tl.arange(0, BLOCK_M) + tl.where(tile_ok, 0, m)  # a spare iteration keeps nothing
         cols = bj * BLOCK_N + tl.arange(0, BLOCK_N)
-        c, keep = _cosine_tile(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d,
-                               stride_a, stride_b, SELF_PAIRS, UPCAST, INPUT_PRECISION, SPLIT,
+        c, keep = _cosine_tile(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, a_inv_ptr, b_inv_ptr, rows, cols, 0, 0, m, n, d,
+                               stride_a, stride_b, SELF_PAIRS, UPCAST, INPUT_PRECISION, SPLIT, False,
                                BLOCK_M, BLOCK_N, BLOCK_K)
         c_kept = tl.where(keep, c, 0.0).to(tl.float64)
         acc_sum += tl.sum(tl.sum(c_kept, axis=1), axis=0)
@@ -206,7 +227,7 @@ def _pairwise_cosine_stats_grouped_kernel(
     lo, hi, bins_per_unit, bins,
     tile_sum_ptr, tile_sq_ptr, tile_min_ptr, tile_max_ptr, tile_outside_ptr, hist_ptr,
     SELF_PAIRS: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WINDOW: tl.constexpr,
+    TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WINDOW: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -220,8 +241,10 @@ def _pairwise_cosine_stats_grouped_kernel(
         bj = tl.load(order_ptr + 2 * t + 1).to(tl.int64)
         rows = bi * BLOCK_M + tl.arange(0, BLOCK_M) + tl.where(tile_ok, 0, m)  # a spare iteration keeps nothing
         cols = bj * BLOCK_N + tl.arange(0, BLOCK_N)
-        c, keep = _cosine_tile(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, a_inv_ptr, b_inv_ptr, rows, cols, m, n, d,
-                               stride_a, stride_b, SELF_PAIRS, UPCAST, INPUT_PRECISION, SPLIT,
+        row0 = (bi * BLOCK_M).to(tl.int32)  # the tile's first row and column (TMA block coordinates)
+        col0 = (bj * BLOCK_N).to(tl.int32)
+        c, keep = _cosine_tile(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, a_inv_ptr, b_inv_ptr, rows, cols, row0, col0,
+                               m, n, d, stride_a, stride_b, SELF_PAIRS, UPCAST, INPUT_PRECISION, SPLIT, TMA,
                                BLOCK_M, BLOCK_N, BLOCK_K)
         c_kept = tl.where(keep, c, 0.0)
         tl.store(tile_sum_ptr + t, tl.sum(tl.sum(c_kept, axis=1), axis=0).to(tl.float64), mask=tile_ok)
@@ -417,7 +440,7 @@ def _launch(ops: KernelOperands, bins, lo, hi, precision, programs, partials, in
     )
 
 
-KERNEL_VARIANTS = ("strided", "grouped")
+KERNEL_VARIANTS = ("strided", "grouped", "grouped_tma")
 KERNEL_ENV = "REPCAP_TRITON_STATS_KERNEL"
 
 
@@ -433,8 +456,23 @@ def kernel_variant(dtype: torch.dtype, d: int) -> str:
     return name
 
 
-def _launch_grouped(ops: KernelOperands, bins, lo, hi, precision, programs, partials, interp):
-    """The grouped kernel over `programs` programs into `partials` (_grouped_partials)."""
+def tma_applies(ops: KernelOperands, interp: bool) -> bool:
+    """Whether the operands can be read through TMA tensor descriptors: rows of a multiple of 16
+    bytes (so every row, and every row slice, starts 16-byte aligned), on a GPU of compute
+    capability 9 or newer (Hopper's tensor memory accelerator) or under the interpreter."""
+    if ops.a.shape[1] * ops.a.element_size() % 16:
+        return False
+    return interp or torch.cuda.get_device_capability(ops.a.device)[0] >= 9
+
+
+def _descriptor(x: torch.Tensor, block: int, block_k: int) -> TensorDescriptor:
+    """A TMA descriptor of the rows of x (contiguous), read in blocks of block × block_k."""
+    return TensorDescriptor.from_tensor(x, [block, block_k])
+
+
+def _launch_grouped(ops: KernelOperands, bins, lo, hi, precision, programs, partials, interp, tma=False):
+    """The grouped kernel over `programs` programs into `partials` (_grouped_partials); with tma
+    (tma_applies), the operands are read through TMA tensor descriptors."""
     self_pairs = ops.b is None
     a, a_lo, a_inv_norm = ops.a, ops.a_lo, ops.a_inv
     b, b_lo, b_inv_norm = (a, a_lo, a_inv_norm) if self_pairs else (ops.b, ops.b_lo, ops.b_inv)
@@ -443,15 +481,19 @@ def _launch_grouped(ops: KernelOperands, bins, lo, hi, precision, programs, part
     spec_lo, spec_hi, bins_per_unit = _histogram_spec(bins, lo, hi)
     m, d = a.shape
     n = b.shape[0]
+    stride_a, stride_b = a.stride(0), b.stride(0)
+    if tma:
+        descriptors = {id(x): _descriptor(x, block, block_k) for x in (a, a_lo, b, b_lo)}  # shared ones once
+        a, a_lo, b, b_lo = (descriptors[id(x)] for x in (a, a_lo, b, b_lo))
     _pairwise_cosine_stats_grouped_kernel[(programs,)](
         a, b, a_lo, b_lo, a_inv_norm, b_inv_norm, partials["order"],
-        m, n, d, a.stride(0), b.stride(0), n_tiles, triton.cdiv(n_tiles, programs),
+        m, n, d, stride_a, stride_b, n_tiles, triton.cdiv(n_tiles, programs),
         spec_lo, spec_hi, bins_per_unit, bins,
         partials["tile_sum"], partials["tile_sq"], partials["tile_min"], partials["tile_max"],
         partials["tile_outside"], partials["hist"],
         SELF_PAIRS=self_pairs,
-        UPCAST=a.dtype != torch.float32 and interp,  # tl.dot on bf16 is wrong when interpreting
-        INPUT_PRECISION=input_precision(precision, a.dtype), SPLIT=ops.split,
+        UPCAST=ops.a.dtype != torch.float32 and interp,  # tl.dot on bf16 is wrong when interpreting
+        INPUT_PRECISION=input_precision(precision, ops.a.dtype), SPLIT=ops.split, TMA=tma,
         BLOCK_M=block, BLOCK_N=block, BLOCK_K=block_k, WINDOW=min(WINDOW, triton.next_power_of_2(bins)),
         num_warps=num_warps, num_stages=num_stages,
     )
@@ -500,10 +542,11 @@ def pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, pre
     pairs = m * (m - 1) // 2 if self_pairs else m * n
     with device_guard(a):
         ops = kernel_operands(a, a_inv_norm, b, b_inv_norm, precision)
-    if variant == "grouped":
+    if variant in ("grouped", "grouped_tma"):
         partials = _grouped_partials(m, n, a.shape[1], self_pairs, a.dtype, programs, bins, a.device, interp)
         with device_guard(a):
-            _launch_grouped(ops, bins, lo, hi, precision, programs, partials, interp)
+            _launch_grouped(ops, bins, lo, hi, precision, programs, partials, interp,
+                            tma=variant == "grouped_tma" and tma_applies(ops, interp))
         # torch's float64 sum of the per-tile partials: a fixed reduction tree, the same on every run.
         moments = torch.stack([partials["tile_sum"].sum(), partials["tile_sq"].sum(),
                                partials["tile_min"].min().double(), partials["tile_max"].max().double()]).cpu()
