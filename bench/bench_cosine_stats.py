@@ -168,6 +168,8 @@ def test_gpu_cosine_stats(d, dtype):
     row["naive_note"] = f"timed on {NAIVE_ROWS} full rows, scaled to V rows, halved for i<j"
     RESULTS[f"gpu_d{d}_{row['dtype']}"] = row
     emit(row, "gpu cell", "cosine_stats_gpu", RESULTS)
+    if not SMOKE:  # the table of the cells so far: a suite cut short by its budget still leaves one
+        write_kernel_choices(gpu_rows(), gpu_source())
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -175,6 +177,15 @@ def test_gpu_cosine_stats(d, dtype):
 # The kernel variants of each backend in a GPU row: column name -> variant name.
 CHOICE_COLUMNS = {"triton": {"triton": "strided", "triton_grouped": "grouped", "triton_grouped_tma": "grouped_tma"},
                   "cuda": {"cuda": "tiles", "cuda_panels": "panels"}}
+
+
+def gpu_rows() -> list:
+    return [r for k, r in RESULTS.items() if k.startswith("gpu_")]
+
+
+def gpu_source() -> dict:
+    """Where a GPU table's timings come from: the GPU, the date and the results directory."""
+    return {"gpu": torch.cuda.get_device_name(0), "date_utc": machine()["date_utc"], "results": OUT_DIR, "v": GPU_V}
 
 
 def choice_cells(rows) -> list:
@@ -223,7 +234,7 @@ def test_zz_report():
         lines += format_table([("v", "V"), ("seconds", "seconds"), ("per_v2", "s / V² × 1e9"),
                                ("peak_mb", "peak extra MB"), ("input_mb", "input MB")], rows,
                               {"seconds": ".3f", "per_v2": ".3f", "peak_mb": ".1f", "input_mb": ".1f"})
-    gpu = [r for k, r in RESULTS.items() if k.startswith("gpu_")]
+    gpu = gpu_rows()
     if gpu:
         lines.append(f"GPU {torch.cuda.get_device_name(0)}: V={GPU_V}")
         rows = [{**r, "naive_cuda": ratio(r.get("naive_torch"), r.get("cuda")),
@@ -248,5 +259,4 @@ def test_zz_report():
     write_results(f"cosine_stats_{'gpu' if gpu else 'cpu'}", {"op": "pairwise_cosine_stats", "results": RESULTS},
                   lines)
     if gpu and not SMOKE:
-        write_kernel_choices(gpu, {"gpu": torch.cuda.get_device_name(0), "date_utc": machine()["date_utc"],
-                                   "results": OUT_DIR, "v": GPU_V})
+        write_kernel_choices(gpu, gpu_source())

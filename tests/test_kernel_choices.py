@@ -143,9 +143,15 @@ def test_the_gpu_benchmark_writes_a_table_auto_can_read(tmp_path, monkeypatch):
              "triton_grouped_tma": 0.3},
             {"d": 4096, "dtype": "float32", "cuda": 2.3, "cuda_panels": None, "triton": 0.9, "triton_grouped": 0.6,
              "triton_grouped_tma": 0.5}]
-    path = bench.write_kernel_choices(rows, {"gpu": "test", "date_utc": "now", "results": str(tmp_path)})
+    # the rows as the GPU cells leave them in RESULTS, and the source each cell's rewrite records
+    monkeypatch.setattr(bench, "RESULTS", {"cpu": {"seconds": 1.0}, "gpu_d896_bfloat16": rows[0],
+                                           "gpu_d4096_float32": rows[1]})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "test GPU")
+    assert bench.gpu_rows() == rows
+    path = bench.write_kernel_choices(bench.gpu_rows(), bench.gpu_source())
     with open(path) as f:
         table = kc.check_table(json.load(f))
     got = {(e["backend"], e["dtype"], e["d"]): e["variant"] for e in table["choices"]}
     assert got == {("cuda", "bfloat16", 896): "panels", ("triton", "bfloat16", 896): "strided",
                    ("cuda", "float32", 4096): "tiles", ("triton", "float32", 4096): "grouped_tma"}
+    assert table["source"]["gpu"] == "test GPU" and table["source"]["results"] == str(tmp_path)
