@@ -10,11 +10,14 @@ of parts are exact in float32, as on the tensor cores, and only the float32 sums
     3xTF32:             big·big + big·small + small·big               3 TF32 products
     fp16x3 (scaled):    y = x·2^15, h = fp16(y), l = fp16(y − h):
                         (l·h + h·l + h·h)·2^-30                        3 float16 products
-against one IEEE float32 product (FMA), one TF32 and one bf16 product. fp16x3 is 3xTF32's
+against one IEEE float32 product (FMA), one TF32 and one bf16 product; and one TF32 product of
+operands truncated to TF32 (their low 13 bits dropped), which is what tensor cores make of raw
+float32 operands, and what repcap_fast's "tf32" paths avoid by rounding the rows to nearest first. fp16x3 is 3xTF32's
 arithmetic (11-bit parts) at the 16-bit tensor-core rate, twice TF32's; the scale 2^15 keeps the
 parts of unit rows (|x| ≤ 1, so |y| ≤ 32768 < 65504) above float16's subnormals down to |x| ≈ 2^-17,
 and a part below that is off by at most 2^-40 absolute. Max and rms of |c − c64| over the pairs
-i<j, on random unit rows (d = 256, 1024, 4096) and on 2048 real rows of the MiniLM embedding
+i<j, and the mean of the signed error (a bias), on random unit rows (d = 256, 1024, 4096), on
+near-duplicate rows at cosine ≈ 0.99 (d = 1024), and on 2048 real rows of the MiniLM embedding
 matrix (every 15th row).
 
 The sums above are float32 sums rounded to nearest. Tensor cores may instead truncate when they
@@ -56,6 +59,11 @@ def to_tf32(x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(r.view(np.float32).copy())
 
 
+def truncated_tf32(x: torch.Tensor) -> torch.Tensor:
+    """x with the 13 bits below TF32's mantissa cleared (toward zero): raw float32 on tensor cores."""
+    return (x.contiguous().view(torch.int32) & -0x2000).view(torch.float32)
+
+
 SCALE = 2.0 ** 15  # fp16x3: parts of y = x·SCALE, products scaled back by SCALE^-2
 
 
@@ -84,6 +92,7 @@ def schemes(x: torch.Tensor) -> dict:
         "3xTF32": mm(big, big) + mm(big, small) + mm(small, big),
         "fp16x3 (scaled)": _fp16x3(x, mm),
         "tf32 (1 product)": mm(big, big),
+        "tf32, operands truncated (1 product)": mm(truncated_tf32(x), truncated_tf32(x)),
         "bf16 (1 product)": mm(hi, hi),
     }
 
@@ -154,8 +163,8 @@ def errors(x64: torch.Tensor) -> dict:
     iu = torch.triu_indices(x.shape[0], x.shape[0], 1)
     out = {}
     for name, c in schemes(x).items():
-        e = (c.double() - ref)[iu[0], iu[1]].abs()
-        out[name] = {"max": float(e.max()), "rms": float(e.pow(2).mean().sqrt())}
+        e = (c.double() - ref)[iu[0], iu[1]]
+        out[name] = {"max": float(e.abs().max()), "rms": float(e.pow(2).mean().sqrt()), "mean": float(e.mean())}
     return out
 
 
@@ -166,6 +175,10 @@ def main():
         x = torch.randn(ROWS, d, generator=g, dtype=torch.float64)
         cases[f"random d={d}"] = errors(torch.nn.functional.normalize(x, dim=1))
         print(f"random d={d} done", flush=True)
+    g_dup = torch.Generator().manual_seed(1)  # its own stream: the other cases' draws stay as they were
+    base = torch.randn(1, 1024, generator=g_dup, dtype=torch.float64)
+    x = base + 0.1 * torch.randn(ROWS, 1024, generator=g_dup, dtype=torch.float64)
+    cases["near-duplicates (c ≈ 0.99) d=1024"] = errors(torch.nn.functional.normalize(x, dim=1))
     try:
         from repcap_fast.models import load_embeddings
 
@@ -181,6 +194,8 @@ def main():
     trunc["near-duplicates (c ≈ 0.99) d=4096"] = truncation_errors(torch.nn.functional.normalize(x, dim=1))
     lines = [f"max |c − c64| over the pairs i<j of {ROWS} unit rows (rms in the JSON)"]
     lines += _table(cases)
+    lines += ["", "mean signed c − c64 (a bias)"]
+    lines += _table(cases, "mean")
     lines += ["", f"under truncating accumulation, {TRUNCATION_ROWS} rows: max |c − c64|"]
     lines += _table(trunc)
     write_results("precision_split_dots_cpu", {"what": "cosine error of split-precision dot products, emulated",
@@ -188,11 +203,11 @@ def main():
                                                "truncation_rows": TRUNCATION_ROWS, "truncation": trunc}, lines)
 
 
-def _table(cases: dict) -> list:
+def _table(cases: dict, stat: str = "max") -> list:
     names = list(next(iter(cases.values())))
-    rows = [{"scheme": name, **{f"{case}|max": res[name]["max"] for case, res in cases.items()}} for name in names]
-    return format_table([("scheme", "scheme")] + [(f"{case}|max", case) for case in cases], rows,
-                        {f"{case}|max": ".2e" for case in cases})
+    rows = [{"scheme": name, **{f"{case}|{stat}": res[name][stat] for case, res in cases.items()}} for name in names]
+    return format_table([("scheme", "scheme")] + [(f"{case}|{stat}", case) for case in cases], rows,
+                        {f"{case}|{stat}": ".2e" for case in cases})
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "cuda/gram_offdiag_penalty_cuda.h"
+#include "cuda/operand_rounding_cuda.h"
 #endif
 
 namespace {

@@ -23,6 +23,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include "cuda/operand_rounding_cuda.h"
 #include "cuda/pairwise_cosine_stats_cuda.h"
 #endif
 
@@ -204,16 +205,31 @@ bool use_cuda_panels() {
 // The "panels" variant: the pairs in panels of at most kPanel x kPanel dot products (the upper
 // triangle of panels for self pairs, the diagonal panels whole), each formed by one cuBLAS GEMM
 // into a float32 scratch buffer (at most kPanel² · 4 B = 256 MB; float32 GEMMs follow torch's
-// cuBLAS float32 precision, which the Python launcher sets from `precision`; 16-bit inputs give
-// float32 dot products of exact products, at::mm's out_dtype), then reduced by one kernel launch
-// (csrc/cuda/pairwise_cosine_stats_panels_cuda.cu) into per-block partials merged here in block
-// order. Cost: the GEMMs (half the full V×d×V, plus the diagonal panels' lower halves) and about
-// 8 B of memory traffic per pair (the panel written, then read).
+// cuBLAS float32 precision, which the Python launcher sets from `precision`; at kTF32 the float32
+// rows are first copied rounded to TF32 to nearest, as the tiles kernel rounds them (cvt.rna), so
+// the TF32 GEMMs use them exactly whether cuBLAS's kernels round or truncate float32 operands;
+// 16-bit inputs give float32 dot products of exact products, at::mm's out_dtype), then reduced by
+// one kernel launch (csrc/cuda/pairwise_cosine_stats_panels_cuda.cu) into per-block partials
+// merged here in block order. Cost: the GEMMs (half the full V×d×V, plus the diagonal panels'
+// lower halves) and about 8 B of memory traffic per pair (the panel written, then read); at kTF32
+// also one rounded copy of the rows.
 constexpr int64_t kPanel = 8192;
 
-StatsTuple pairwise_cosine_stats_cuda_panels(const at::Tensor& ac, const at::Tensor& a_inv, const at::Tensor& bc,
-                                             const at::Tensor& b_inv, bool self_pairs, int64_t bins, double lo,
-                                             double hi) {
+// A copy of the float32 rows x rounded to TF32 to nearest (csrc/operand_rounding.h), on x's stream.
+at::Tensor tf32_rounded(const at::Tensor& x) {
+  at::Tensor out = x.clone();
+  const char* err = repcap::cuda::round_operands_cuda(out.data_ptr<float>(), out.numel(), repcap::Precision::kTF32,
+                                                      c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
+  TORCH_CHECK(err == nullptr, "pairwise_cosine_stats (cuda, panels): ", err ? err : "");
+  return out;
+}
+
+StatsTuple pairwise_cosine_stats_cuda_panels(const at::Tensor& a_rows_in, const at::Tensor& a_inv,
+                                             const at::Tensor& b_rows_in, const at::Tensor& b_inv, bool self_pairs,
+                                             int64_t bins, double lo, double hi, repcap::Precision precision) {
+  const bool round_tf32 = a_rows_in.scalar_type() == at::kFloat && precision == repcap::Precision::kTF32;
+  const at::Tensor ac = round_tf32 ? tf32_rounded(a_rows_in) : a_rows_in;
+  const at::Tensor bc = self_pairs ? ac : round_tf32 ? tf32_rounded(b_rows_in) : b_rows_in;
   const int64_t m = ac.size(0), n = bc.size(0);
   const int64_t panel_rows = std::min(m, kPanel), panel_cols = std::min(n, kPanel);
   at::Tensor scratch = at::empty({panel_rows * panel_cols}, ac.options().dtype(at::kFloat));
@@ -294,7 +310,8 @@ StatsTuple pairwise_cosine_stats_cuda(const at::Tensor& a, const at::Tensor& a_i
   const at::Tensor a_inv = a_inv_norm.contiguous();
   const at::Tensor b_inv = self_pairs ? a_inv : b_inv_norm->contiguous();
   if (use_cuda_panels()) {  // values only: out= GEMMs refuse inputs that require grad
-    return pairwise_cosine_stats_cuda_panels(ac.detach(), a_inv, bc.detach(), b_inv, self_pairs, bins, lo, hi);
+    return pairwise_cosine_stats_cuda_panels(ac.detach(), a_inv, bc.detach(), b_inv, self_pairs, bins, lo, hi,
+                                             static_cast<repcap::Precision>(precision));
   }
 
   repcap::cuda::PairwiseCosineStatsArgs args{};

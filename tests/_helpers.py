@@ -94,6 +94,23 @@ def cosines64(a, b=None):
     return (x @ unit(b).T).reshape(-1).clamp(-1, 1)
 
 
+def rounded64(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """float32 values x rounded to TF32 (11 significant bits, to nearest, ties away from zero) or
+    bfloat16 (8 bits, to nearest, ties to even), in float64 arithmetic from frexp: independent
+    of the kernels' bit arithmetic. Subnormals keep the fixed quantum of the smallest exponent."""
+    bits = 11 if precision == "tf32" else 8
+    v = x.double().numpy()
+    mant, exp = np.frexp(v)
+    exp = np.maximum(exp, -125)  # 2^-126 = 0.5·2^-125, the smallest normal
+    scaled = np.abs(v) * np.exp2(bits - exp)
+    if precision == "tf32":
+        r = np.floor(scaled + 0.5)
+    else:
+        r = np.round(scaled)  # half to even
+    out = np.where(np.isfinite(v), np.copysign(r * np.exp2(exp - bits), v), v)
+    return torch.from_numpy(out)
+
+
 def near_edge(c, bins, lo, hi, delta):
     """How many of the cosines c lie within delta of a bin edge."""
     pos = (c - lo) * (bins / (hi - lo))

@@ -3,7 +3,6 @@ reference (the paper's formulation with autograd); the row-block form, the per-r
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -21,6 +20,7 @@ from _helpers import (
     loss_and_grad,
     random_x,
     reference64,
+    rounded64,
 )
 
 SIZES = [(2, 1), (97, 5), (130, 33)]
@@ -410,23 +410,6 @@ def test_precision_is_checked():
         rf.gram_offdiag_max(X, precision="bf16")
 
 
-def rounded64(x: torch.Tensor, precision: str) -> torch.Tensor:
-    """float32 values x rounded to TF32 (11 significant bits, to nearest, ties away from zero) or
-    bfloat16 (8 bits, to nearest, ties to even), in float64 arithmetic from frexp: independent
-    of the kernels' bit arithmetic. Subnormals keep the fixed quantum of the smallest exponent."""
-    bits = 11 if precision == "tf32" else 8
-    v = x.double().numpy()
-    mant, exp = np.frexp(v)
-    exp = np.maximum(exp, -125)  # 2^-126 = 0.5·2^-125, the smallest normal
-    scaled = np.abs(v) * np.exp2(bits - exp)
-    if precision == "tf32":
-        r = np.floor(scaled + 0.5)
-    else:
-        r = np.round(scaled)  # half to even
-    out = np.where(np.isfinite(v), np.copysign(r * np.exp2(exp - bits), v), v)
-    return torch.from_numpy(out)
-
-
 def float32_values_to_round(precision: str) -> torch.Tensor:
     """Normals over many scales, exact ties (both parities), subnormals, ±0, the largest finite
     float32 (rounds to inf), ±inf and NaN."""
@@ -456,6 +439,23 @@ def test_operand_rounding_matches_an_independent_reference(precision):
         torch_bf16 = x.to(torch.bfloat16).float()
         assert torch.equal(got[~nan].view(torch.int32), torch_bf16[~nan].view(torch.int32))
 
+
+def test_torch_tf32_rounding_matches_an_independent_reference():
+    """round_to_tf32 (torch's integer ops; the Triton stats launcher's rounding of float32 rows at
+    "tf32") gives the bits of the frexp reference: ties away from zero, subnormals, overflow to
+    inf, ±inf; NaN stays NaN; a strided view is rounded as its values. The C++ rounding is held
+    to the same reference above."""
+    pytest.importorskip("triton")
+    from repcap_fast.triton_kernels._utils import round_to_tf32
+
+    x = float32_values_to_round("tf32")
+    got, want, nan = round_to_tf32(x), rounded64(x, "tf32").float(), torch.isnan(x)
+    assert int(nan.sum()) == 1 and torch.isnan(got[nan]).all()
+    assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+    assert float(got[x == 3.4028235e38][0]) == float("inf")  # past the largest finite value
+    assert torch.equal(round_to_tf32(x[~nan][::3]).view(torch.int32), want[~nan][::3].view(torch.int32))
+    with pytest.raises(TypeError, match="x must be float32"):
+        round_to_tf32(x.double())
 
 def unit_rows32(X: torch.Tensor) -> torch.Tensor:
     """The row-normalized X as the op forms it: divided in float64, rounded once to float32."""

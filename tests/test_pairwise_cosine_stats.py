@@ -13,6 +13,7 @@ from repcap_fast.reference import histogram_bins
 
 from _helpers import (
     DTYPES,
+    INTERPRETING,
     assert_matches,
     cosines64,
     cpu_backends,
@@ -22,6 +23,7 @@ from _helpers import (
     kernel_dtype,
     near_edge,
     random_matrix,
+    rounded64,
 )
 
 
@@ -532,6 +534,85 @@ def test_tf32_error_is_bounded_and_highest_is_exact(backend):
     assert abs(s.mean - float(c.mean())) < 1e-4 and abs(s.std - float(c.std(unbiased=False))) < 1e-4
     assert_matches(rf.pairwise_cosine_stats(a.cuda(), backend=backend, precision="highest"), c,
                    dtype=torch.float32)
+
+
+def tf32_cosines64(x, y=None, truncate=False):
+    """The cosines the tensor cores form at "tf32", in float64: the rows rounded to TF32 to nearest
+    (rounded64, the independent frexp reference; truncate: their low 13 bits dropped instead),
+    scaled by the unrounded rows' inverse norms."""
+    def parts(m):
+        r = (m.view(torch.int32) & -0x2000).view(torch.float32).double() if truncate else rounded64(m, "tf32")
+        return r, 1.0 / m.double().norm(dim=1)
+
+    rx, nx = parts(x)
+    ry, ny = (rx, nx) if y is None else parts(y)
+    c = (rx @ ry.T) * nx[:, None] * ny[None, :]
+    if y is None:
+        iu = torch.triu_indices(x.shape[0], x.shape[0], 1)
+        return c[iu[0], iu[1]]
+    return c.reshape(-1)
+
+
+TF32_SUM_TOL = 1e-6  # float32 sums of the exact products of TF32 operands, d ≤ 4096
+
+
+def assert_tf32_statistics(s, c, bins=4096, lo=-1.0, hi=1.0):
+    """min, max, Σc and Σc² of the pass against the float64 cosines c of TF32-rounded rows, and a
+    pair in another bin only within TF32_SUM_TOL of an edge. (Not σ: near-duplicates' σ comes
+    from Σc²/n − μ² with μ ≈ 1, where the grouped variant's float32 tile sums leave about 1e-5.)"""
+    assert abs(s.min - float(c.min())) <= TF32_SUM_TOL and abs(s.max - float(c.max())) <= TF32_SUM_TOL
+    assert s.sum == pytest.approx(float(c.sum()), rel=TF32_SUM_TOL)
+    assert s.sum_sq == pytest.approx(float((c * c).sum()), rel=TF32_SUM_TOL)
+    ref_hist, ref_below, ref_above = histogram_bins(c, bins, lo, hi)
+    moved = int((s.hist - ref_hist).abs().sum()) + abs(s.below - ref_below) + abs(s.above - ref_above)
+    assert moved <= 2 * near_edge(c, bins, lo, hi, TF32_SUM_TOL), moved
+
+
+@pytest.mark.parametrize("variant", ["strided", "grouped", "grouped_tma"])
+@pytest.mark.parametrize("case", ["near-duplicates", "rect"])
+def test_triton_tf32_rounds_the_rows_to_nearest(monkeypatch, variant, case):
+    """float32 at "tf32" on Triton: the launcher rounds the rows to TF32 to nearest, so the kernel's
+    TF32 dots are exact products of rounded rows (under the interpreter tl.dot multiplies the
+    float32 values as given: without the rounding it would return float32 cosines, which these
+    near-duplicates put more than 1e-5 from the TF32 ones; truncated rows, what tensor cores
+    make of raw float32 operands, more than 1e-4)."""
+    from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
+
+    if not INTERPRETING:
+        pytest.skip("the interpreter's float32 dots tell rounded rows from unrounded ones")
+    monkeypatch.setenv(tk.KERNEL_ENV, variant)
+    if case == "near-duplicates":
+        x, y = near_duplicates(260, 96, seed=6, noise=0.05), None
+    else:
+        x, y = near_duplicates(70, 96, seed=8, noise=0.05), near_duplicates(150, 96, seed=8)  # one direction
+    c = tf32_cosines64(x, y)
+    # The case tells the three apart (by far more than the tolerance).
+    assert abs(float(c.max()) - float(cosines64(x, y).max())) > 1e-5
+    assert abs(float(c.max()) - float(tf32_cosines64(x, y, truncate=True).max())) > 1e-4
+    s = rf.pairwise_cosine_stats(x, y, backend="triton", precision="tf32")
+    assert s.settings["compute"] == "TF32 tensor-core dot products of the rows rounded to TF32 to nearest, float64 sums"
+    assert_tf32_statistics(s, c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "cuda-panels", "triton", "triton-grouped", "triton-grouped_tma"])
+def test_tf32_on_a_gpu_uses_rows_rounded_to_nearest(monkeypatch, backend):
+    """Every GPU path at "tf32" forms the cosines of rows rounded to TF32 to nearest (the cuda tiles
+    kernel with cvt.rna, the cuda panels and Triton from rounded copies), at d = 1024 on
+    near-duplicates, where truncated operands would move every cosine by about -7e-4."""
+    from repcap_fast.ops import pairwise_cosine_stats as stats_op
+
+    name, _, variant = backend.partition("-")
+    gpu_backend_built(name)
+    if name == "cuda":
+        monkeypatch.setenv(stats_op.CUDA_KERNEL_ENV, variant or "tiles")
+    else:
+        from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
+
+        monkeypatch.setenv(tk.KERNEL_ENV, variant or "strided")
+    x = near_duplicates(2048, 1024, seed=9)
+    s = rf.pairwise_cosine_stats(x.cuda(), backend=name, precision="tf32")
+    assert_tf32_statistics(s, tf32_cosines64(x))
 
 
 @pytest.mark.gpu

@@ -1,5 +1,6 @@
 """Helpers shared by the Triton launchers: whether the interpreter runs them, the device guard,
-tl.dot's input precision, and the upper-triangle tile enumeration (a jit function)."""
+tl.dot's input precision, TF32 operand rounding, and the upper-triangle tile enumeration (a jit
+function)."""
 
 import contextlib
 
@@ -13,12 +14,26 @@ import triton.language as tl
 from .._backends import triton_input_precision as input_precision
 from .._backends import triton_interpreting as interpreting
 
-__all__ = ["device_guard", "input_precision", "interpreting", "tile_counts", "upper_tile_coords"]
+__all__ = ["device_guard", "input_precision", "interpreting", "round_to_tf32", "tile_counts", "upper_tile_coords"]
 
 
 def device_guard(t: torch.Tensor):
     """Launches on t's GPU (a no-op context for CPU tensors under the interpreter)."""
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """A copy of float32 x rounded to TF32 (10 explicit mantissa bits) to nearest, ties away from
+    zero: csrc/operand_rounding.h's round_to_tf32 (PTX cvt.rna.tf32.f32) in torch's integer ops,
+    add 2^12 to the magnitude's bits and clear the 13 dropped bits. NaN and ±Inf pass through; a
+    finite value past the largest finite TF32 value becomes ±Inf. Tensor cores fed these values
+    use them exactly, whether they round or truncate their float32 operands."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"round_to_tf32: x must be float32, got {x.dtype}")
+    x = x.contiguous()
+    rounded = x.view(torch.int32) + 0x1000  # the sign bit is apart: this adds to the magnitude
+    rounded.bitwise_and_(-0x2000)  # 0xFFFFE000
+    return torch.where(torch.isfinite(x), rounded.view(torch.float32), x)
 
 
 def tile_counts(m: int, n: int, self_pairs: bool, block: int):

@@ -1,6 +1,6 @@
 """Triton kernels of pairwise_cosine_stats: tl.dot tiles + fused statistics epilogue.
 
-Two variants, selected by name (``KERNEL_VARIANTS``; the environment variable
+Three variants, selected by name (``KERNEL_VARIANTS``; the environment variable
 ``REPCAP_TRITON_STATS_KERNEL``, default "auto": the variant measured fastest for the dtype and d,
 from the table of repcap_fast/_kernel_choices.py):
 
@@ -36,6 +36,11 @@ nearest in groups of SPLIT_GROUP_STEPS, and the groups into the tile's dots. Ten
 truncate as they accumulate: one accumulator over all of d would then bias a cosine near 1 by about
 1e-5 (bench/precision_split_dots.py). The error per cosine is float32's (about 2e-7 on MiniLM).
 "ieee" runs float32 FMA dots instead (no tensor cores).
+
+float32 inputs at precision "tf32" are rounded to TF32 to nearest by the launcher, once
+(``kernel_operands``), and the kernel's TF32 dots then use them exactly: the tensor cores' own
+handling of raw float32 operands (reported to drop the low 13 bits) never applies, and the
+cosines are those of the cuda backend's kernels, which round the same way (cvt.rna.tf32.f32).
 """
 
 import dataclasses
@@ -50,7 +55,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._backends import kernel_limits
 from .._kernel_choices import choose
-from ._utils import device_guard, input_precision, interpreting, tile_counts, upper_tile_coords
+from ._utils import device_guard, input_precision, interpreting, round_to_tf32, tile_counts, upper_tile_coords
 
 # The split pass sums its BLOCK_K steps in groups of this many (then the groups): a cosine near 1
 # under truncating tensor cores is off by about 3e-7 at d = 4096 with groups of 8 steps of 32,
@@ -407,7 +412,16 @@ class KernelOperands:
 
 
 def kernel_operands(a, a_inv_norm, b, b_inv_norm, precision: str) -> KernelOperands:
-    """The operands of one launch: float32 inputs at "highest" split when fp32_pass() is "split"."""
+    """The operands of one launch: float32 inputs at "highest" split when fp32_pass() is "split";
+    float32 inputs at "tf32" rounded to TF32 to nearest (round_to_tf32, as the cuda backend's
+    kernels do), since tl.dot hands the tensor cores raw float32 values, which they are reported to
+    truncate (dropping the low 13 bits biases cosines near 1 by about -7e-4 at d = 1024, where
+    rounded rows err by at most 7e-5 without bias; bench/precision_split_dots.py). The inverse
+    norms stay those of the unrounded rows."""
+    if a.dtype == torch.float32 and precision == "tf32":
+        a = round_to_tf32(a)
+        b = None if b is None else round_to_tf32(b)
+        return KernelOperands(a, a, a_inv_norm, b, b, b_inv_norm, False, torch.float32)
     if a.dtype != torch.float32 or precision != "highest" or fp32_pass() != "split":
         return KernelOperands(a, a, a_inv_norm, b, b, b_inv_norm, False, a.dtype)
     a_hi, a_lo, a_inv = split_operand(a, a_inv_norm)

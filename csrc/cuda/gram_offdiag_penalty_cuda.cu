@@ -73,24 +73,7 @@ const char* launch(T* g, int64_t ld, int64_t rows, int64_t cols, int64_t row0, i
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-// v_i ← round_operand(v_i, precision), a grid-stride loop.
-__global__ void round_operands_kernel(float* __restrict__ v, int64_t n, Precision precision) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    v[i] = round_operand(v[i], precision);
-  }
-}
-
 }  // namespace
-
-const char* round_operands_cuda(float* v, int64_t n, Precision precision, cudaStream_t stream) {
-  if (n <= 0 || precision == Precision::kHighest) return nullptr;
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  round_operands_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), kThreads, 0, stream>>>(
-      v, n, precision);
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
-}
 
 const char* gram_offdiag_penalty_epilogue_cuda(float* g, int64_t ld, int64_t rows, int64_t cols,
                                               int64_t row0, int64_t col0, int32_t p, float* row_max,

@@ -29,8 +29,5 @@ const char* gram_offdiag_penalty_epilogue_cuda(double* g, int64_t ld, int64_t ro
                                               double* row_sum, double* beta, bool write_weights, Precision rounding,
                                               cudaStream_t stream);
 
-// v[0..n) ← round_operand(v, precision) on `stream` (x as the GEMMs' operand).
-const char* round_operands_cuda(float* v, int64_t n, Precision precision, cudaStream_t stream);
-
 }  // namespace cuda
 }  // namespace repcap

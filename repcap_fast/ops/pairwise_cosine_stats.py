@@ -344,6 +344,8 @@ def _compute_description(inputs: _Inputs, exact_moments: bool) -> str:
     if (inputs.backend == "triton" and inputs.precision == "highest" and float32_operands
             and triton_kernels().pairwise_cosine_stats_fp32_pass() == "split"):
         dots = "float32 dot products of split float16 parts (three tensor-core products per pair)"
+    if inputs.backend in ("cuda", "triton") and inputs.precision == "tf32" and float32_operands:
+        dots = "TF32 tensor-core dot products of the rows rounded to TF32 to nearest"
     if exact_moments:
         return f"mean and std from the float64 Gram identity; min, max and histogram from {dots}"
     return f"{dots}, float64 sums"
