@@ -75,6 +75,25 @@ def spy_on_grouped_launches(monkeypatch, tk) -> list:
     return launches
 
 
+def test_tma_needs_rows_of_16_bytes_at_aligned_addresses():
+    """TMA descriptors read rows of a multiple of 16 bytes from 16-byte aligned addresses only: a
+    view 4 bytes into its storage, or rows of 33 float32, fall back to the grouped kernel's loads."""
+    pytest.importorskip("triton")
+    from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
+
+    def ops(a, b=None):
+        return tk.KernelOperands(a, a, None, b, b, None, False, a.dtype)
+
+    storage = torch.zeros(1 + 64 * 32)
+    aligned, shifted = storage[:-1].view(64, 32), storage[1:].view(64, 32)
+    assert aligned.data_ptr() % 16 == 0 and shifted.data_ptr() % 16 == 4
+    assert tk.tma_applies(ops(aligned), interp=True)
+    assert not tk.tma_applies(ops(shifted), interp=True)
+    assert not tk.tma_applies(ops(aligned, shifted), interp=True)
+    assert not tk.tma_applies(ops(torch.zeros(64, 33)), interp=True)
+    assert tk.tma_applies(ops(torch.zeros(64, 8, dtype=torch.bfloat16)), interp=True)
+
+
 @pytest.mark.parametrize("device,backend", device_backends(cpu=["triton"], gpu=["triton"]))
 @pytest.mark.parametrize("variant", ["grouped", "grouped_tma"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

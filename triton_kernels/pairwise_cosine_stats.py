@@ -472,9 +472,11 @@ def kernel_variant(dtype: torch.dtype, d: int) -> str:
 
 def tma_applies(ops: KernelOperands, interp: bool) -> bool:
     """Whether the operands can be read through TMA tensor descriptors: rows of a multiple of 16
-    bytes (so every row, and every row slice, starts 16-byte aligned), on a GPU of compute
-    capability 9 or newer (Hopper's tensor memory accelerator) or under the interpreter."""
-    if ops.a.shape[1] * ops.a.element_size() % 16:
+    bytes starting at 16-byte aligned addresses (so every row starts aligned; a row slice of a
+    larger matrix, as the jobs pass, keeps that), on a GPU of compute capability 9 or newer
+    (Hopper's tensor memory accelerator) or under the interpreter."""
+    operands = [x for x in (ops.a, ops.a_lo, ops.b, ops.b_lo) if x is not None]
+    if any(x.shape[1] * x.element_size() % 16 or x.data_ptr() % 16 for x in operands):
         return False
     return interp or torch.cuda.get_device_capability(ops.a.device)[0] >= 9
 

@@ -297,10 +297,11 @@ def pairwise_cosine_stats(
             is given; a pair (n_a, n_b) sets them apart (None keeps all rows).
         backend: "auto", "cuda", "triton", "cpu" or "torch" (the float64 reference).
         precision: "highest" (float32 inputs: cosines to float32's error, about 2e-7) or "tf32"
-            (float32 inputs on GPU tensor cores, about 1e-3 per cosine). At "highest" the triton
-            backend splits each float32 unit row into two float16 parts and forms each dot product
-            from three exact tensor-core products with float32 sums (REPCAP_TRITON_STATS_FP32_PASS
-            = "ieee" runs float32 FMA instead). 16-bit inputs always use exact products with
+            (float32 inputs on GPU tensor cores, rows rounded to TF32 to nearest first: about 1e-4
+            per cosine, unbiased; the CPU ignores it). At "highest" the triton backend splits each
+            float32 unit row into two float16 parts and forms each dot product from three exact
+            tensor-core products with float32 sums (REPCAP_TRITON_STATS_FP32_PASS = "ieee" runs
+            float32 FMA instead). 16-bit inputs always use exact products with
             float32 sums; the CPU kernel always works in float32.
         progress: show a progress bar (default: on when pairs × d ≥ 8e10, about a second of CPU).
         group: a torch.distributed process group. When one is given, or the default group is
