@@ -290,3 +290,36 @@ class HostCopies(torch.overrides.TorchFunctionMode):
                     return prefix + path[len(root):], name, linecache.getline(path, frame.f_lineno)
             frame = frame.f_back
         return None
+
+
+# --- subspace PGA at "tf32" ------------------------------------------------------------------------
+
+
+def near_duplicate_unit_rows(b, n, k, seed):
+    """b sets of n float32 unit rows scattered around one direction (distances ≈ 0.01), where the
+    rounding of the dot operands shows most."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, 1, k, generator=g) + 0.1 * torch.randn(b, n, k, generator=g)
+    return (x / x.double().norm(dim=-1, keepdim=True).float()).contiguous()
+
+
+def condensed_distances64(u64):
+    """1 − u_i·u_j over the pairs j > i of each set of rows (b, n, k), in float64."""
+    iu = torch.triu_indices(u64.shape[1], u64.shape[1], 1)
+    return (1.0 - u64 @ u64.transpose(1, 2))[:, iu[0], iu[1]]
+
+
+def tf32_distances64(u, truncate=False):
+    """The distances tensor cores form at "tf32" from the float32 unit rows u, in float64: the rows
+    rounded to TF32 to nearest by rounded64 (the independent frexp reference), or, truncate, with
+    their low 13 bits dropped (what tensor cores may make of raw float32 operands)."""
+    r = (u.view(torch.int32) & -0x2000).view(torch.float32).double() if truncate else rounded64(u, "tf32")
+    return condensed_distances64(r)
+
+
+def key_distances(keys):
+    """The float distances inside the distance kernel's keys (float32 bits in the high word of the
+    packed int64, or the distances themselves)."""
+    if keys.dtype == torch.int64:
+        return (keys >> 32).to(torch.int32).view(torch.float32).double()
+    return keys.double()

@@ -16,7 +16,15 @@ from repcap_fast._backends import KERNELS
 from repcap_fast._progress import progress_bar
 from repcap_fast.ops import subspace_pga as op
 
-from _helpers import device_backends, gpu_backend_built, planted, rng
+from _helpers import (
+    device_backends,
+    gpu_backend_built,
+    key_distances,
+    near_duplicate_unit_rows,
+    planted,
+    rng,
+    tf32_distances64,
+)
 
 
 def kernel_rhos(backend, x, bases, batch=4):
@@ -352,6 +360,28 @@ def test_auto_on_gpu_is_the_cuda_kernel_and_the_batch_changes_no_bit():
     assert a.to_dict() == b.to_dict()
     cpu = pga.subspace_pga(h.float(), w, k=16, n_null=20, backend="cpu")
     assert max(abs(x - y) for x, y in zip([a.rho_readout, *a.null_rhos], [cpu.rho_readout, *cpu.null_rhos])) < 2e-6
+
+
+@pytest.mark.gpu
+def test_triton_on_a_gpu_batch_changes_no_bit_and_tf32_rounds_the_rows_to_nearest():
+    """Triton on a GPU: one cuBLAS GEMM of one shape per subspace, so the batch changes no bit; at
+    "tf32" the distance kernel's tensor cores get unit rows rounded to TF32 to nearest (raw float32
+    rows, truncated, would move these near-duplicates' distances by more than 1e-4)."""
+    from repcap_fast.triton_kernels import subspace_pga as kern
+
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(700, 64, generator=g, dtype=torch.float64)
+    w = torch.randn(200, 64, generator=g, dtype=torch.float64)
+    for precision in ("highest", "tf32"):
+        a = pga.subspace_pga(h.float().cuda(), w.cuda(), k=16, n_null=20, backend="triton", precision=precision)
+        b = pga.subspace_pga(h.float().cuda(), w.cuda(), k=16, n_null=20, backend="triton", precision=precision,
+                             batch=3)
+        assert a.to_dict() == b.to_dict()
+    u = near_duplicate_unit_rows(2, 512, 128, seed=4)
+    want = tf32_distances64(u)
+    assert float((want - tf32_distances64(u, truncate=True)).abs().max()) > 1e-4
+    got = key_distances(kern._keys(u.cuda(), kern._OUT_DIST, "tf32")).cpu()
+    assert float((got - want).abs().max()) <= 1e-5  # room for tensor cores that truncate as they accumulate
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@ from scipy.stats import rankdata
 from repcap_fast import pga
 from repcap_fast.reference import average_ranks, condensed_cosine_distances, subspace_rhos_reference
 
-from _helpers import cpu_backends, rng
+from _helpers import condensed_distances64, cpu_backends, key_distances, near_duplicate_unit_rows, rng, tf32_distances64
 
 pytestmark = pytest.mark.skipif("triton" not in cpu_backends(), reason="Triton interpreter not available")
 
@@ -229,3 +229,69 @@ def test_an_unwritten_pair_is_detected(kern, dtype, monkeypatch):
         kern.subspace_pga_ranks_triton(x)
     with pytest.raises(RuntimeError, match="was not written"):
         kern.subspace_pga_rhos_triton(x, pga.grassmann_bases(4, 2, 2, seed=0).to(dtype), ref_ranks_of(x))
+
+
+# --- "tf32": TF32 dots of unit rows rounded to nearest ----------------------------------------------
+
+
+@pytest.mark.parametrize("out_mode", ["distances", "packed"])
+def test_tf32_distances_are_dots_of_rows_rounded_to_nearest(kern, out_mode):
+    """float32 at "tf32": the launcher rounds the unit rows to TF32 to nearest, so the kernel's TF32
+    dots are products of rounded rows (under the interpreter tl.dot multiplies the float32 values as
+    given: without the rounding it would return the IEEE distances, which these near-duplicates put
+    more than 1e-5 from the TF32 ones; truncated rows more than 1e-4). "highest" keeps the rows."""
+    from repcap_fast.triton_kernels._utils import interpreting
+
+    if not interpreting():
+        pytest.skip("the interpreter's float32 dots tell rounded rows from unrounded ones")
+    mode = kern._OUT_DIST if out_mode == "distances" else kern._OUT_PAIR
+    u = near_duplicate_unit_rows(2, 70, 96, seed=3)
+    want = tf32_distances64(u)
+    ieee = condensed_distances64(u.double())
+    assert float((want - ieee).abs().max()) > 1e-5  # the case tells the three apart
+    assert float((want - tf32_distances64(u, truncate=True)).abs().max()) > 1e-4
+    got = key_distances(kern._keys(u, mode, "tf32"))
+    assert float((got - want).abs().max()) <= 1e-6
+    highest = key_distances(kern._keys(u, mode, "highest"))
+    assert float((highest - ieee).abs().max()) <= 1e-6
+
+
+def test_tf32_rhos_rank_the_distances_of_rounded_rows(kern, monkeypatch):
+    """subspace_pga_rhos_triton at "tf32" hands the distance kernel its float32 projections' unit
+    rows, which it rounds: the distances it ranks are those of the rounded rows."""
+    from repcap_fast.triton_kernels._utils import interpreting
+
+    if not interpreting():
+        pytest.skip("the interpreter's float32 dots tell rounded rows from unrounded ones")
+    seen = []
+    real = kern._keys
+
+    def spy(u, out_mode, precision, twice=None):
+        seen.append((u.clone(), precision))
+        return real(u, out_mode, precision, twice)
+
+    monkeypatch.setattr(kern, "_keys", spy)
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(1, 64, generator=g) + 0.1 * torch.randn(60, 64, generator=g)).float()
+    bases = pga.grassmann_bases(64, 48, 3, seed=1).float()
+    kern.subspace_pga_rhos_triton(x, bases, ref_ranks_of(x), "tf32")
+    (u, precision), = seen
+    assert precision == "tf32" and u.dtype == torch.float32 and u.shape == (3, 60, 48)
+    proj = torch.stack([x @ b for b in bases])
+    unit = proj / torch.linalg.vector_norm(proj, dim=-1, keepdim=True, dtype=torch.float64).float()
+    torch.testing.assert_close(u, unit, rtol=0, atol=0)
+    # what the kernel ranks: its keys' distances, those of the rounded unit rows
+    got = key_distances(real(u, kern._OUT_PAIR, "tf32"))
+    assert float((got - tf32_distances64(u)).abs().max()) <= 1e-6
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rhos_do_not_depend_on_the_batch(kern, dtype):
+    """One projection GEMM per subspace, of one shape: a subspace's ρ is the same bits in any batch."""
+    r = rng(21)
+    x = torch.from_numpy(r.standard_normal((40, 24)) @ r.standard_normal((24, 24))).to(dtype)
+    bases = pga.grassmann_bases(24, 5, 5, seed=3).to(dtype)
+    ref = ref_ranks_of(x)
+    whole = kern.subspace_pga_rhos_triton(x, bases, ref)
+    one_by_one = torch.cat([kern.subspace_pga_rhos_triton(x, bases[b : b + 1], ref) for b in range(5)])
+    assert torch.equal(whole, one_by_one)

@@ -4,7 +4,10 @@ turns the sorted keys into tie-averaged ranks and reduces their correlation with
 ranks in float64 (or, for the ranks op, scatters the ranks back to pair order).
 
 Same contract as the C++ ops torch.ops.repcap_fast.subspace_pga_ranks / subspace_pga_rhos
-(csrc/module.cpp), with the op's precision ("highest" or "tf32") for float32 projections:
+(csrc/module.cpp), with the op's precision ("highest" or "tf32") for float32 work. At "tf32" the
+projections are cuBLAS TF32 GEMMs (as in the C++ cuda op) and, here only, the distances' dot products
+are TF32 tensor-core products of the unit rows rounded to TF32 to nearest (the C++ cuda op forms
+them in IEEE float32):
     subspace_pga_ranks_triton(x, precision) -> float64[n], the average ranks of the cosine
         distances (scipy.stats.rankdata, method "average"); ValueError on a zero row
     subspace_pga_rhos_triton(x, bases, ref_ranks, precision) -> float64[B] on the CPU, Spearman's ρ
@@ -54,7 +57,7 @@ import triton
 import triton.language as tl
 
 from .._backends import cublas_precision, kernel_limits
-from ._utils import device_guard, input_precision, interpreting, tile_counts, upper_tile_coords
+from ._utils import device_guard, input_precision, interpreting, round_to_tf32, tile_counts, upper_tile_coords
 
 _SORT_GROUP_PAIRS = 1 << 22  # rows sorted together hold at most max(n, this) pairs
 _CHECK_CHUNK = 1 << 22  # ref_ranks is checked in chunks of this many pairs (~50 B each)
@@ -238,9 +241,20 @@ def _tree_sum(x: torch.Tensor) -> torch.Tensor:
     return x[0]
 
 
+def _dot_operands(u: torch.Tensor, precision: str) -> torch.Tensor:
+    """The distance kernel's operands: float32 unit rows at "tf32" rounded to TF32 to nearest
+    (round_to_tf32), which the tensor cores then use exactly, instead of raw float32 rows that
+    they may truncate (a one-sided error: truncation only shrinks magnitudes); else u itself."""
+    if precision == "tf32" and u.dtype == torch.float32:
+        return round_to_tf32(u)
+    return u
+
+
 def _keys(u: torch.Tensor, out_mode: int, precision: str, twice=None) -> torch.Tensor:
     """(B, n) keys of the condensed distances of the unit rows u (B, N, k): float32/float64
-    distances poisoned with NaN (OUT_MODE 0), or packed int64 keys poisoned with −1."""
+    distances poisoned with NaN (OUT_MODE 0), or packed int64 keys poisoned with −1. At "tf32"
+    the float32 dot products are TF32 tensor-core products of the rows rounded to nearest."""
+    u = _dot_operands(u, precision)
     bsz, n_tokens, k = u.shape
     n_pairs = n_tokens * (n_tokens - 1) // 2
     block, block_k, warps, stages = _config(interpreting())
@@ -347,7 +361,8 @@ def subspace_pga_ranks_triton(x: torch.Tensor, precision: str = "highest") -> to
 def subspace_pga_rhos_triton(x: torch.Tensor, bases: torch.Tensor, ref_ranks: torch.Tensor,
                              precision: str = "highest") -> torch.Tensor:
     """Spearman's ρ between ref_ranks and the ranks of each projected subspace's distances; the
-    float32 projections (a batched GEMM) and distances at `precision`."""
+    float32 projections (one GEMM per subspace, of the same shape whatever the batch, so no bit
+    depends on the batch size) and distances at `precision`."""
     _check_x(x, "subspace_pga_rhos", kernel_limits().pga_tokens)
     n_tokens = x.shape[0]
     n = n_tokens * (n_tokens - 1) // 2
@@ -355,8 +370,11 @@ def subspace_pga_rhos_triton(x: torch.Tensor, bases: torch.Tensor, ref_ranks: to
         raise ValueError(f"subspace_pga_rhos (triton): ref_ranks must have length {n}")
     xc = _compute(x)
     twice, ref_sum_sq = _twice_ref_ranks(ref_ranks, n, xc.device)
+    bases = bases.to(xc.dtype)
+    proj = torch.empty((bases.shape[0], n_tokens, bases.shape[2]), dtype=xc.dtype, device=xc.device)
     with cublas_precision(precision, xc.device):
-        proj = torch.matmul(xc, bases.to(xc.dtype))  # (B, N, k), batched GEMM
+        for b in range(bases.shape[0]):  # one GEMM of one shape per subspace: no bit depends on the batch
+            torch.mm(xc, bases[b], out=proj[b])
     u, zero = _unit_rows(proj)
     packed = u.dtype != torch.float64
     keys = _keys(u.contiguous(), _OUT_TWICE if packed else _OUT_DIST, precision, twice)

@@ -281,8 +281,10 @@ def subspace_pga(
         backend: "auto" (cpu for CPU tensors; cuda, else triton, for CUDA tensors), "cpu", "cuda",
             "triton" or "torch" (the float64 reference, a per-subspace loop).
         precision: "highest" (float32 projections and distances in IEEE float32) or "tf32" (GPU
-            tensor cores for the float32 projections; this reorders near-tied distances and
-            moves ρ). The kernels compute in float32 for 16/32-bit H and float64 for float64 H.
+            tensor cores for the float32 projections, and on triton for the distances' dot
+            products too, from unit rows rounded to TF32 to nearest; this reorders near-tied
+            distances and moves ρ). The kernels compute in float32 for 16/32-bit H and float64
+            for float64 H.
         progress: a bar over the subspaces (default: on when N(N−1)/2·(n_null+1) ≥ 2e8).
         group: a torch.distributed process group. When one is given, or the default group is
             initialized with more than one rank (torchrun), the readout and null subspaces are
