@@ -146,7 +146,7 @@ def embedding_vs_unembedding(E: torch.Tensor, U: torch.Tensor, *, bins: int = 40
 def spectral_profile(states: HiddenStates, basis: torch.Tensor, m: int = 10) -> List[Dict]:
     """Per layer: RankMe (singular values of H), α-ReQ, isotropy, condition number, and the fraction
     of each of the top m principal directions that lies in the readout subspace
-    (`spectral.spectral_metrics`: two SVDs per layer)."""
+    (`spectral.spectral_metrics`: two SVDs per layer, of R in H = QR for N ≥ 2d)."""
     rows = []
     for layer in states.layers:
         metrics = spectral_metrics(states[layer], basis, m)

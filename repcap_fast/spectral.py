@@ -23,6 +23,17 @@ def _singular_values(H, center: bool) -> torch.Tensor:
     return torch.linalg.svdvals(_centered64(H, center))
 
 
+def _svd_right(x: torch.Tensor):
+    """(σ, Vᵀ) of x (N×d): for a tall x (N ≥ 2d) from the SVD of R in x = QR, whose singular values
+    and right singular vectors are x's (Householder QR is backward stable, as the SVD is), without
+    forming the N×min(N, d) left vectors (about half the time at 2048×576); else the SVD of x."""
+    n, d = x.shape
+    if n >= 2 * d:
+        x = torch.linalg.qr(x, mode="r")[1]
+    _, s, vh = torch.linalg.svd(x, full_matrices=False)
+    return s, vh
+
+
 def _check_m(m, x: torch.Tensor) -> int:
     if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 1 <= m <= min(x.shape):
         raise ValueError(f"m must be an int in [1, min(N, d) = {min(x.shape)}], got {m!r}")
@@ -41,8 +52,7 @@ def direction_alignment(H, basis: torch.Tensor, m: int = 10) -> torch.Tensor:
     x = _centered64(H, True)
     b = val.check_basis(basis, x.shape[1])
     m = _check_m(m, x)
-    _, _, vh = torch.linalg.svd(x, full_matrices=False)
-    return _alignment_from(vh, b, m)
+    return _alignment_from(_svd_right(x)[1], b, m)
 
 
 def _rankme_from(s: torch.Tensor, eps: float) -> float:
@@ -120,15 +130,16 @@ def condition_number(H, center: bool = True) -> float:
 def spectral_metrics(H, basis: Optional[torch.Tensor] = None, m: int = 10) -> Dict[str, object]:
     """RankMe, α-ReQ, isotropy and condition number of H, each with its function's defaults, and
     (given a readout basis, d×k) `direction_alignment` of the top m principal directions: all
-    from two SVDs (H as given, and centered) instead of one decomposition per metric. Equal to
+    from two SVDs (H as given, and centered; of R in H = QR when N ≥ 2d) instead of one
+    decomposition per metric. Equal to
     the separate functions up to rounding (isotropy: up to the choice of eigenvectors inside a
     repeated eigenvalue). α-ReQ is NaN when fewer than two eigenvalues are nonzero. m is capped at
     min(N, d) (`direction_alignment` refuses a larger m)."""
     raw = val.finite_matrix(H, "H").to(torch.float64)
     b = None if basis is None else val.check_basis(basis, raw.shape[1])
     centered = raw - raw.mean(dim=0, keepdim=True)
-    _, s_raw, vh_raw = torch.linalg.svd(raw, full_matrices=False)
-    _, s_c, vh_c = torch.linalg.svd(centered, full_matrices=False)
+    s_raw, vh_raw = _svd_right(raw)
+    s_c, vh_c = _svd_right(centered)
     try:
         alpha = _alpha_from(s_c, raw.shape[0])
     except ValueError:

@@ -67,3 +67,21 @@ def test_spectral_metrics_equal_the_separate_functions(n, d):
         assert got["condition_number"] == pytest.approx(cond, rel=1e-10)
     torch.testing.assert_close(got["readout_alignment_top"], pga.direction_alignment(H32, B, 10), rtol=0, atol=1e-12)
     assert set(pga.spectral_metrics(H32)) == {"rankme", "alpha_req", "isotropy", "condition_number"}
+
+
+@pytest.mark.parametrize("n,d,rank", [(600, 64, 64), (128, 64, 64), (600, 64, 20), (100, 64, 64)])
+def test_right_singular_pairs_of_a_tall_matrix_from_its_r_factor(n, d, rank):
+    """spectral._svd_right (the SVD of R in x = QR for N ≥ 2d, else of x) gives x's singular
+    values and the span of each right singular vector, full rank or not."""
+    from repcap_fast.spectral import _svd_right
+
+    g = torch.Generator().manual_seed(n + rank)
+    x = torch.randn(n, rank, generator=g, dtype=torch.float64) @ torch.randn(rank, d, generator=g, dtype=torch.float64)
+    x = x @ torch.diag(torch.logspace(0, 3, d, dtype=torch.float64))  # a spread spectrum: distinct σ
+    s, vh = _svd_right(x)
+    _, s_ref, vh_ref = torch.linalg.svd(x, full_matrices=False)
+    assert s.shape == (d,) and vh.shape == (d, d)
+    torch.testing.assert_close(s, s_ref, rtol=1e-12, atol=1e-12 * float(s_ref[0]))
+    top = rank - 1  # the nonzero σ are distinct here: each vector up to its sign
+    cos = (vh[:top] * vh_ref[:top]).sum(dim=1).abs()
+    torch.testing.assert_close(cos, torch.ones_like(cos), rtol=0, atol=1e-9)
