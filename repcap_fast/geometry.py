@@ -129,15 +129,16 @@ def readout_basis(W_U, k: int = 100, layout: str = "hf", *, solver: str = "auto"
     return ReadoutBasis(out.basis.clone(), out.singular_values.clone(), out.solver)
 
 
-def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str, d: int) -> torch.Tensor:
+def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str, d: int) -> Tuple[torch.Tensor, str]:
     """The d×k readout basis (float64) from exactly one of W_U (its top-k right singular vectors,
-    `readout_basis`) and `basis` (checked: d×k, 1 ≤ k < d, finite, orthonormal columns)."""
+    `readout_basis`) and `basis` (checked: d×k, 1 ≤ k < d, finite, orthonormal columns), and how
+    it was found: `ReadoutBasis.solver` for W_U, "given" for a basis."""
     if (W_U is None) == (basis is None):
         raise ValueError("pass exactly one of W_U (the unembedding) and basis (a d×k readout basis)")
     if basis is not None:
         if isinstance(basis, torch.Tensor) and basis.dim() == 2 and basis.shape[0] == d:
             val.check_k(int(basis.shape[1]), d)
-        return val.check_basis(basis, d)
+        return val.check_basis(basis, d), "given"
     val.check_choice(layout, "layout", LAYOUTS)
     W = val.as_matrix(W_U, "W_U") if isinstance(W_U, (torch.Tensor, np.ndarray)) and W_U.ndim == 2 else W_U
     if not isinstance(W, (torch.Tensor, np.ndarray)):
@@ -146,7 +147,8 @@ def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str, d:
     if len(shape) != 2 or (shape[1] if layout == "hf" else shape[0]) != d:
         expect = "V×d" if layout == "hf" else "d×V"
         raise ValueError(f"W_U must be {expect} (layout={layout!r}) with d={d} matching H, got shape {shape}")
-    return readout_basis(W, k, layout).basis
+    found = readout_basis(W, k, layout)
+    return found.basis, found.solver
 
 
 def _fix_signs(q: torch.Tensor) -> torch.Tensor:

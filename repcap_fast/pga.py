@@ -44,12 +44,13 @@ from .spectral import alpha_req, condition_number, direction_alignment, isotropy
 
 @dataclass(frozen=True)
 class _Profile:
-    """pga_profile's validated layers, readout basis and CCR variants."""
+    """pga_profile's validated layers, readout basis (and how it was found) and CCR variants."""
 
     layers: List
     labels: List
     d: int
     readout: torch.Tensor
+    readout_solver: str  # ReadoutBasis.solver, or "given"
     ccrs: List[int]
     seed: int
     n_null: int
@@ -95,8 +96,8 @@ def _check_profile(hidden_states_by_layer, W_U, basis, k, layout, ccrs, seed, n_
         for c in ccrs:
             check_settings(int(H.shape[0]), d, H.device, n_null, c, seed, method, backend, precision, None,
                            name=f"hidden_states_by_layer[{label!r}]")
-    return _Profile(layers, labels, d, readout_subspace(W_U, basis, k, layout, d), [int(c) for c in ccrs],
-                    int(seed), n_null)
+    readout, readout_solver = readout_subspace(W_U, basis, k, layout, d)
+    return _Profile(layers, labels, d, readout, readout_solver, [int(c) for c in ccrs], int(seed), n_null)
 
 
 def pga_profile(
@@ -137,6 +138,7 @@ def pga_profile(
                 res = subspace_pga(H, basis=prof.readout, n_null=n_null, ccr=c, seed=seed, layout=layout,
                                    method=method, backend=backend, precision=precision, progress=False, group=group)
                 res.settings["readout"] = "basis" if basis is not None else "W_U"
+                res.settings["readout_solver"] = prof.readout_solver
                 res.settings["layer"] = prof.labels[i]
                 out[c].append(res)
                 bar.set_postfix_str(f"ccr={c} layer={prof.labels[i]}")

@@ -425,7 +425,8 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
         else:
             t0 = _stage(f"Subspace PGA: {len(states)} layers × CCR {list(s.ccrs)}, k={s.k}, {s.n_null} null "
                         f"subspaces", log)
-            basis = readout_basis(emb.output, s.k).basis  # once, for the profile and the spectra
+            readout = readout_basis(emb.output, s.k)  # once, for the profile and the spectra
+            basis = readout.basis
             if _keep is not None:
                 _keep.update(states=states, basis=basis)
             results = pga_profile([states[layer] for layer in states.layers], basis=basis, n_null=s.n_null,
@@ -440,7 +441,8 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
             report["pga"] = {"k": s.k, "n_null": s.n_null, "seed": s.seed, "ccrs": list(s.ccrs),
                              "readout": "top-k right singular vectors of W_U (the unembedding"
                                         + (", tied to the input embedding)" if emb.tied else ")"),
-                             "last_layer": states.meta["last_layer"], "profile": profile}
+                             "readout_solver": readout.solver, "last_layer": states.meta["last_layer"],
+                             "profile": profile}
             plots["pga_profile"] = "pga_profile.png"
             plotting.plot_pga_profile(profile, os.path.join(out, plots["pga_profile"]),
                                       f"{emb.source}: Subspace PGA, k={s.k}, {s.n_null} nulls, {s.n_tokens} tokens")

@@ -66,6 +66,7 @@ def test_report_on_minilm_with_defaults(tmp_path, capsys, minilm_reference):
     # PGA: CCR 1, 5, 10 over 7 layers, 100 nulls each, finite z; the null band is consistent
     p = doc["pga"]
     assert sorted(p["profile"]) == ["1", "10", "5"] and p["n_null"] == 100 and p["k"] == 100
+    assert p["readout_solver"].startswith(("subspace iteration", "eigh")), p["readout_solver"]
     for rows in p["profile"].values():
         assert [r["layer"] for r in rows] == list(range(7))
         for r in rows:

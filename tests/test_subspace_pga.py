@@ -90,6 +90,21 @@ def test_planted_structure_in_the_readout_subspace_gives_large_z():
     assert res.z > 4  # p < 1e-4 under a normal null
 
 
+def test_results_record_how_the_readout_basis_was_found():
+    """settings["readout_solver"]: readout_basis's solver for a W_U (in a call and in a profile),
+    "given" for a basis."""
+    h, w = planted()
+    solver = pga.readout_basis(w, 8).solver
+    assert solver.startswith(("subspace iteration", "eigh")), solver
+    assert pga.subspace_pga(h, w, k=8, n_null=4).settings["readout_solver"] == solver
+    basis = pga.readout_basis(w, 8).basis
+    assert pga.subspace_pga(h, basis=basis, n_null=4).settings["readout_solver"] == "given"
+    prof = pga.pga_profile([h, h[:40]], w, k=8, n_null=4, ccrs=(0, 1), progress=False)
+    assert {r.settings["readout_solver"] for rows in prof.values() for r in rows} == {solver}
+    prof = pga.pga_profile([h], basis=basis, n_null=4, ccrs=(1,), progress=False)
+    assert prof[1][0].settings["readout_solver"] == "given" and prof[1][0].settings["readout"] == "basis"
+
+
 def test_planted_orthogonal_dominant_direction_masks_then_ccr_recovers():
     h, w = planted(dominant=40.0)
     masked = pga.subspace_pga(h, w, k=8, n_null=30, ccr=0)

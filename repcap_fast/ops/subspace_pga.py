@@ -128,6 +128,7 @@ class _Inputs:
     precision: str
     batch: Optional[int]
     warnings: Tuple[str, ...] = ()
+    readout_solver: str = "given"  # how the readout basis was found (ReadoutBasis.solver), or "given"
 
     def signature(self) -> Dict[str, object]:  # batch may differ across ranks: it changes no result
         return {"H": distributed.tensor_digest(self.H), "readout": distributed.tensor_digest(self.readout),
@@ -226,7 +227,7 @@ def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, 
     N, d = H.shape
     s = check_settings(N, d, H.device, n_null, ccr, seed, method, backend, precision, batch)
     H = val.finite_matrix(H, "H")  # before the readout's O(V·d²) work
-    readout = readout_subspace(W_U, basis, k, layout, d)
+    readout, readout_solver = readout_subspace(W_U, basis, k, layout, d)
     x, _, _ = center_and_ccr_unscaled(H, s.ccr)  # x = residual / 2^e: never overflows, whatever H's scale
     norms = val.row_norms(x, "H")
     zero = norms == 0
@@ -239,7 +240,7 @@ def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, 
     u = val.unit_rows(x, torch.float64, norms)
     nulls = grassmann_bases(d, int(readout.shape[1]), s.n_null, s.seed, device=x.device)
     return _Inputs(H, u, readout, nulls, s.ccr, s.seed, s.method, s.backend, s.precision, s.batch,
-                   tuple(_degeneracy_warnings(u, s.ccr, _compute_dtype(s.backend, s.method, H.dtype))))
+                   tuple(_degeneracy_warnings(u, s.ccr, _compute_dtype(s.backend, s.method, H.dtype))), readout_solver)
 
 
 # ------------------------------------------------------------------------- public function
@@ -318,7 +319,8 @@ def subspace_pga(
         z=float(z), rho_readout=float(rho_readout), null_rhos=null.tolist(), null_mean=null_mean,
         null_std=null_std, n_pairs=N * (N - 1) // 2, n_tokens=N, d=d, k=int(inputs.readout.shape[1]),
         n_null=int(inputs.nulls.shape[0]), ccr=inputs.ccr, seed=inputs.seed, method=method, backend=inputs.backend,
-        settings={"layout": layout, "readout": "basis" if basis is not None else "W_U", "precision": precision,
+        settings={"layout": layout, "readout": "basis" if basis is not None else "W_U",
+                  "readout_solver": inputs.readout_solver, "precision": precision,
                   "ranks": "average (ties)" if method == "exact" else
                   f"histogram CDF: {STREAM_BINS} bins over [0, 2], a bin's pairs share its average rank",
                   "distances": "cosine, float64" if (inputs.backend == "torch" and method == "exact")
