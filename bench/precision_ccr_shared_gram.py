@@ -166,11 +166,12 @@ def main():
         x0 = x0 - x0.mean(dim=0, keepdim=True)  # centered, as CCR's residuals are
         c = x0 @ dirs.T
         x_m = {m: x0 - c[:, :m] @ dirs[:m] for m in CCRS}
-        ref = {m: average_ranks(condensed(1.0 - (unit32(x_m[m]) @ unit32(x_m[m]).T)).clamp(0.0, 2.0)) for m in CCRS}
+        units = {m: unit32(x_m[m]) for m in CCRS}
+        ref = {m: average_ranks(condensed(1.0 - units[m] @ units[m].T).clamp(0.0, 2.0)) for m in CCRS}
         got = {m: {"f64": [], "direct": [], "shared": []} for m in CCRS}
         err = {m: {"direct": 0.0, "shared": 0.0} for m in CCRS}
         for q in bases:
-            shared = shared_cosines(x_m[BLOCK], c[:, :BLOCK], dirs, q)
+            shared = shared_cosines(x_m[BLOCK], c, dirs, q)
             for m in CCRS:
                 p64 = unit32(x_m[m] @ q)
                 truth = condensed(p64 @ p64.T)

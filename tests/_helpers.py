@@ -111,6 +111,15 @@ def rounded64(x: torch.Tensor, precision: str) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+def tf32_operands64(x: torch.Tensor, truncate: bool = False) -> torch.Tensor:
+    """float32 values x as TF32 tensor cores use them, in float64: rounded to nearest by rounded64
+    (the independent frexp reference; what the "tf32" paths feed them), or, truncate, with their
+    low 13 bits dropped (what tensor cores may make of raw float32 operands)."""
+    if truncate:
+        return (x.contiguous().view(torch.int32) & -0x2000).view(torch.float32).double()
+    return rounded64(x, "tf32")
+
+
 def near_edge(c, bins, lo, hi, delta):
     """How many of the cosines c lie within delta of a bin edge."""
     pos = (c - lo) * (bins / (hi - lo))
@@ -310,11 +319,9 @@ def condensed_distances64(u64):
 
 
 def tf32_distances64(u, truncate=False):
-    """The distances tensor cores form at "tf32" from the float32 unit rows u, in float64: the rows
-    rounded to TF32 to nearest by rounded64 (the independent frexp reference), or, truncate, with
-    their low 13 bits dropped (what tensor cores may make of raw float32 operands)."""
-    r = (u.view(torch.int32) & -0x2000).view(torch.float32).double() if truncate else rounded64(u, "tf32")
-    return condensed_distances64(r)
+    """The distances tensor cores form at "tf32" from the float32 unit rows u, in float64, from the
+    rows as `tf32_operands64` gives them (rounded to nearest, or truncated)."""
+    return condensed_distances64(tf32_operands64(u, truncate))
 
 
 def key_distances(keys):

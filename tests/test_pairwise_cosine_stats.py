@@ -23,7 +23,7 @@ from _helpers import (
     kernel_dtype,
     near_edge,
     random_matrix,
-    rounded64,
+    tf32_operands64,
 )
 
 
@@ -560,8 +560,7 @@ def tf32_cosines64(x, y=None, truncate=False):
     (rounded64, the independent frexp reference; truncate: their low 13 bits dropped instead),
     scaled by the unrounded rows' inverse norms."""
     def parts(m):
-        r = (m.view(torch.int32) & -0x2000).view(torch.float32).double() if truncate else rounded64(m, "tf32")
-        return r, 1.0 / m.double().norm(dim=1)
+        return tf32_operands64(m, truncate), 1.0 / m.double().norm(dim=1)
 
     rx, nx = parts(x)
     ry, ny = (rx, nx) if y is None else parts(y)
