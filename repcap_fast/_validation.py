@@ -28,11 +28,43 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def check_int(value, name: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:
-    """An int (Python or numpy integer, not a bool) in [minimum, maximum]."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
+def _kind(value) -> str:
+    return type(value).__name__ if not isinstance(value, torch.Tensor) else f"tensor({value.dtype})"
+
+
+def as_int(value, name: str, integral_real: bool = False) -> int:
+    """`value` as a Python int: a Python, numpy or torch integer (a one-element tensor), or, with
+    `integral_real`, a finite integral real of those kinds (8.0 → 8). Refused with an error that
+    names the argument: bools, strings, None, non-integral reals (8.5 is never truncated to 8),
+    NaN and ±inf, complex numbers, tensors of more than one element."""
+    shown = value
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ArgumentTypeError(f"{name} must be an integer, got a tensor of shape {tuple(value.shape)}")
+        if value.dtype == torch.bool or value.is_complex():
+            raise ArgumentTypeError(f"{name} must be an integer, got {_kind(value)}")
+        value = value.detach().cpu().reshape(()).item()  # int or float, exactly
+    elif isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be an integer, got a bool ({shown!r})")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        if not integral_real:
+            raise ArgumentTypeError(f"{name} must be an integer, got {_kind(shown)} {shown!r}")
+        if not math.isfinite(float(value)):
+            raise ValueError(f"{name} must be a finite integer, got {float(value)}")
+        if float(value) != math.floor(float(value)):
+            raise ValueError(f"{name} must be an integer (it is never truncated), got {float(value)!r}")
+        return int(float(value))
+    raise ArgumentTypeError(f"{name} must be an integer, got {_kind(shown)} {shown!r}")
+
+
+def check_int(value, name: str, minimum: Optional[int] = None, maximum: Optional[int] = None,
+              integral_real: bool = False) -> int:
+    """An integer (Python, numpy or torch; not a bool; see `as_int`) in [minimum, maximum]."""
+    value = as_int(value, name, integral_real)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         bounds = (f"in [{minimum}, {maximum}]" if minimum is not None and maximum is not None
                   else f">= {minimum}" if minimum is not None else f"<= {maximum}")
@@ -51,9 +83,10 @@ def check_seed(seed, name: str = "seed") -> int:
 
 def check_n_null(n_null) -> int:
     """The number of null subspaces of Subspace PGA: an int ≥ 2 (the null's std needs two)."""
-    if isinstance(n_null, bool) or not isinstance(n_null, (int, np.integer)) or n_null < 2:
+    n_null = as_int(n_null, "n_null")
+    if n_null < 2:
         raise ValueError(f"n_null must be an int >= 2 (the null std needs two), got {n_null!r}")
-    return int(n_null)
+    return n_null
 
 
 def check_bool(value, name: str) -> bool:
@@ -68,30 +101,65 @@ def check_choice(value, name: str, choices: Sequence):
     return value
 
 
-def check_positive_float(value, name: str) -> float:
+def as_real(value, name: str) -> float:
+    """`value` as a finite Python float: a Python, numpy or torch real (a one-element tensor).
+    Refused with an error naming the argument: bools, strings ("2" is not a number here), None,
+    complex numbers, NaN and ±inf, values beyond float64."""
+    shown = value
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype == torch.bool or value.is_complex():
+            raise ArgumentTypeError(f"{name} must be a real number, got {_kind(value)} of shape {tuple(value.shape)}")
+        value = value.detach().cpu().reshape(()).item()
+    elif isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ArgumentTypeError(f"{name} must be a real number, got {_kind(shown)} {shown!r}")
     try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ArgumentTypeError(f"{name} must be a number, got {type(value).__name__}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {value}")
+        out = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite number, got {shown!r} (beyond float64)") from None
+    if not math.isfinite(out):
+        raise ValueError(f"{name} must be a finite number, got {out}")
+    return out
+
+
+def check_real(value, name: str, minimum: Optional[float] = None, maximum: Optional[float] = None,
+               open_min: bool = False) -> float:
+    """A finite real (see `as_real`) in [minimum, maximum] (or (minimum, maximum] with open_min)."""
+    value = as_real(value, name)
+    if minimum is not None and (value < minimum or (open_min and value == minimum)):
+        raise ValueError(f"{name} must be {'>' if open_min else '>='} {minimum:g}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum:g}, got {value!r}")
     return value
+
+
+def check_positive_float(value, name: str) -> float:
+    """A finite real > 0."""
+    return check_real(value, name, 0.0, open_min=True)
 
 
 def check_device(device, name: str = "device") -> torch.device:
     """A torch.device that exists here: a CUDA device needs a CUDA build of torch with that
     many GPUs (checked before any work, with the build named in the error)."""
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise ArgumentTypeError(f"{name} must be a device name or torch.device (e.g. cpu, cuda, cuda:1), got "
+                                f"{type(device).__name__} {device!r}")
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"{name} {device!r} is not a device (e.g. cpu, cuda, cuda:1): {exc}") from None
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ValueError(f"{name} {device!r} is not a device (e.g. cpu, cuda, cuda:1): "
+                         f"{' '.join(str(exc).split())[:200]}") from None
+    if dev.type == "meta":
+        raise ValueError(f"{name} {device!r}: the meta device holds shapes but no values, and every analysis here "
+                         "needs the values; use cpu or cuda")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"{name} {device!r}: this torch has no CUDA device (torch {torch.__version__}"
                              f"{', a CPU-only build' if torch.version.cuda is None else ''})")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"{name} {device!r}: there are {torch.cuda.device_count()} CUDA devices")
-    elif dev.type not in ("cpu", "meta"):
+    elif dev.type != "cpu":
         if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
             raise ValueError(f"{name} {device!r}: MPS is not available here")
     return dev
@@ -109,18 +177,9 @@ def check_dtype(dtype, name: str = "dtype") -> torch.dtype:
 
 
 def check_p(p, maximum: Optional[int] = None) -> int:
-    """The penalty exponent p as an int ≥ 1 (≤ maximum); floats must be finite and integral."""
-    if isinstance(p, bool):
-        raise ArgumentTypeError("p must be an integer >= 1, got a bool")
-    if isinstance(p, float):
-        if not math.isfinite(p):
-            raise ValueError(f"p must be finite, got {p}")
-        if p != int(p):
-            raise ValueError(f"p must be an integer >= 1 (|g|^p with p even or odd), got {p}")
-    try:
-        p = int(p)  # numpy/torch integers
-    except (TypeError, ValueError):
-        raise ArgumentTypeError(f"p must be an integer >= 1, got {type(p).__name__}") from None
+    """The penalty exponent p as an int ≥ 1 (≤ maximum): Python, numpy or torch integers, or
+    finite integral reals (8.0); 8.5, NaN, inf, bools and strings are refused, never truncated."""
+    p = as_int(p, "p", integral_real=True)
     if p < 1 or (maximum is not None and p > maximum):
         raise ValueError(f"p must be an integer in [1, {maximum}], got {p}" if maximum is not None
                          else f"p must be an integer >= 1, got {p}")
@@ -129,11 +188,10 @@ def check_p(p, maximum: Optional[int] = None) -> int:
 
 def check_k(k, d: int) -> int:
     """A subspace dimension 1 ≤ k < d."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise ArgumentTypeError(f"k must be an int, got {type(k).__name__}")
-    if not 1 <= int(k) < d:
+    k = as_int(k, "k")
+    if not 1 <= k < d:
         raise ValueError(f"k must satisfy 1 <= k < d = {d}, got k={k}")
-    return int(k)
+    return k
 
 
 def as_matrix(x, name: str) -> torch.Tensor:
@@ -197,9 +255,8 @@ def as_rank_keys(x, name: str) -> torch.Tensor:
 def restrict_rows(x: torch.Tensor, n_rows: Optional[int], name: str, arg: str = "n_rows"):
     if n_rows is None:
         return x
-    if isinstance(n_rows, bool) or not isinstance(n_rows, (int, np.integer)):
-        raise ArgumentTypeError(f"{arg} must be an int, got {type(n_rows).__name__}")
-    if not 1 <= int(n_rows) <= x.shape[0]:
+    n_rows = as_int(n_rows, arg)
+    if not 1 <= n_rows <= x.shape[0]:
         raise ValueError(f"{arg} must be in [1, {x.shape[0]}] ({name} has {x.shape[0]} rows), got {n_rows}")
     return x[: int(n_rows)]
 
@@ -308,16 +365,27 @@ def check_pair(a: torch.Tensor, b: torch.Tensor, name_a: str = "A", name_b: str 
 
 def check_histogram(bins, value_range, max_bins: Optional[int] = None) -> Tuple[int, float, float]:
     """(bins, lo, hi) of a fixed-bin histogram; max_bins: the kernels' limit (None: no limit)."""
-    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1 or \
-            (max_bins is not None and bins > max_bins):
+    bins = as_int(bins, "bins")
+    if bins < 1 or (max_bins is not None and bins > max_bins):
         raise ValueError(f"bins must be an int in [1, {max_bins}], got {bins!r}" if max_bins is not None
                          else f"bins must be an int >= 1, got {bins!r}")
-    try:
-        lo, hi = (float(v) for v in value_range)
-    except (TypeError, ValueError):
-        raise ValueError(f"range must be a pair (lo, hi), got {value_range!r}") from None
+    if isinstance(value_range, (str, bytes)) or not hasattr(value_range, "__len__") or len(value_range) != 2:
+        raise ValueError(f"range must be a pair (lo, hi), got {value_range!r}")
+    lo, hi = (as_real(v, "range") for v in value_range)
     if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
         raise ValueError(f"range must be finite with lo < hi, got {value_range!r}")
+    # The kernels bin in float32: lo, hi and bins/(hi − lo) must be finite float32 numbers, and lo
+    # and hi distinct after rounding, or every pair would land in one bin (or NaN edges) silently.
+    f32 = np.finfo(np.float32)
+    if max(abs(lo), abs(hi)) > float(f32.max):
+        raise ValueError(f"range must lie within float32's range ±{float(f32.max):.4g} (the kernels bin in "
+                         f"float32; cosines lie in [-1, 1]), got {value_range!r}")
+    lo32, hi32 = np.float32(lo), np.float32(hi)
+    with np.errstate(over="ignore", divide="ignore"):
+        per_unit = np.float32(bins / (float(hi32) - float(lo32))) if lo32 < hi32 else np.float32("inf")
+    if not lo32 < hi32 or not np.isfinite(per_unit):
+        raise ValueError(f"range {value_range!r} is too narrow for {bins} bins in float32 (the kernels bin in "
+                         f"float32: lo and hi must differ there and bins/(hi - lo) stay below {float(f32.max):.4g})")
     return int(bins), lo, hi
 
 

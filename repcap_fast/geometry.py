@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
+import math
 from collections import OrderedDict
 from typing import Dict, Iterator, NamedTuple, Optional, Tuple
 
@@ -129,16 +130,39 @@ def readout_basis(W_U, k: int = 100, layout: str = "hf", *, solver: str = "auto"
     return ReadoutBasis(out.basis.clone(), out.singular_values.clone(), out.solver)
 
 
-def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str, d: int) -> Tuple[torch.Tensor, str]:
+def readout_rank_note(singular_values: torch.Tensor, d: int) -> Optional[str]:
+    """None when all top-k singular values of W_U are nonzero, else a warning that says how many
+    are zero relative to the largest (below σ_max·√(d·eps₆₄), what the float64 Gram resolves):
+    their basis vectors are arbitrary directions of W_U's null space, not readout directions.
+    Raises ValueError when W_U is all zeros (no readout direction at all)."""
+    s = singular_values.to(torch.float64)  # on its device: only scalars are read
+    k = int(s.numel())
+    top = float(s.max()) if k else 0.0
+    if top == 0.0:
+        raise ValueError("W_U is all zeros: it has no readout direction, so there is no readout subspace "
+                         "(check that the unembedding was loaded)")
+    tol = top * math.sqrt(d * torch.finfo(torch.float64).eps)
+    rank = int((s > tol).sum())
+    if rank == k:
+        return None
+    return (f"rank-deficient readout: W_U has only {rank} nonzero singular values among its top k = {k} "
+            f"(relative to the largest, below {tol / top:.1e}); the other {k - rank} readout directions are "
+            f"arbitrary directions of W_U's null space, so z compares a partly random subspace. Use k <= {rank}.")
+
+
+def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str,
+                     d: int) -> Tuple[torch.Tensor, str, Optional[str]]:
     """The d×k readout basis (float64) from exactly one of W_U (its top-k right singular vectors,
-    `readout_basis`) and `basis` (checked: d×k, 1 ≤ k < d, finite, orthonormal columns), and how
-    it was found: `ReadoutBasis.solver` for W_U, "given" for a basis."""
+    `readout_basis`) and `basis` (checked: d×k, 1 ≤ k < d, finite, orthonormal columns), how
+    it was found (`ReadoutBasis.solver` for W_U, "given" for a basis) and `readout_rank_note`'s
+    warning for W_U (None when its top k singular values are all nonzero, or for a basis).
+    Raises ValueError for an all-zero W_U."""
     if (W_U is None) == (basis is None):
         raise ValueError("pass exactly one of W_U (the unembedding) and basis (a d×k readout basis)")
     if basis is not None:
         if isinstance(basis, torch.Tensor) and basis.dim() == 2 and basis.shape[0] == d:
             val.check_k(int(basis.shape[1]), d)
-        return val.check_basis(basis, d), "given"
+        return val.check_basis(basis, d), "given", None
     val.check_choice(layout, "layout", LAYOUTS)
     W = val.as_matrix(W_U, "W_U") if isinstance(W_U, (torch.Tensor, np.ndarray)) and W_U.ndim == 2 else W_U
     if not isinstance(W, (torch.Tensor, np.ndarray)):
@@ -148,7 +172,7 @@ def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str, d:
         expect = "V×d" if layout == "hf" else "d×V"
         raise ValueError(f"W_U must be {expect} (layout={layout!r}) with d={d} matching H, got shape {shape}")
     found = readout_basis(W, k, layout)
-    return found.basis, found.solver
+    return found.basis, found.solver, readout_rank_note(found.singular_values, d)
 
 
 def _fix_signs(q: torch.Tensor) -> torch.Tensor:
@@ -190,11 +214,10 @@ def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, 
     The last 2 draws of at most 256 MiB each are kept, on their device, by their arguments: a
     repeated call (a loop over layers with one seed) returns a copy without drawing again.
     `clear_readout_cache()` forgets them."""
-    for name, v, lo in (("d", d, 2), ("n", n, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-    k = val.check_k(k, int(d))
-    n, d, seed = int(n), int(d), val.check_seed(seed)
+    d, n = val.check_int(d, "d", 2), val.check_int(n, "n", 1)
+    k = val.check_k(k, d)
+    seed = val.check_seed(seed)
+    device = val.check_device(device)
     draws = _DRAWS.get()
     key = (d, k, n, int(seed), dtype, str(torch.device(device)), backend)
     if draws is not None and key in draws:
@@ -301,8 +324,7 @@ def center_and_ccr_unscaled(H, m: int = 1) -> Tuple[torch.Tensor, torch.Tensor, 
     power of two near max|H| (the residual of H near float64's maximum stays finite this way)."""
     H = val.finite_matrix(H, "H")
     N, d = H.shape
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0:
-        raise ValueError(f"ccr must be an int >= 0, got {m!r}")
+    m = val.check_int(m, "ccr", 0)
     if m >= min(N, d):
         raise ValueError(f"ccr must be < min(N, d) = {min(N, d)} (N={N} tokens, d={d}), got {m}")
     x = H.to(torch.float64)

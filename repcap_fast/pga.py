@@ -6,6 +6,7 @@ the subspace geometry (repcap_fast.geometry), the spectral metrics the paper com
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
@@ -54,6 +55,7 @@ class _Profile:
     ccrs: List[int]
     seed: int
     n_null: int
+    readout_note: Optional[str] = None  # readout_rank_note's warning for W_U
 
     def signature(self) -> Dict[str, object]:
         return {"layers": len(self.layers), "d": self.d, "readout": distributed.tensor_digest(self.readout),
@@ -96,8 +98,9 @@ def _check_profile(hidden_states_by_layer, W_U, basis, k, layout, ccrs, seed, n_
         for c in ccrs:
             check_settings(int(H.shape[0]), d, H.device, n_null, c, seed, method, backend, precision, None,
                            name=f"hidden_states_by_layer[{label!r}]")
-    readout, readout_solver = readout_subspace(W_U, basis, k, layout, d)
-    return _Profile(layers, labels, d, readout, readout_solver, [int(c) for c in ccrs], int(seed), n_null)
+    readout, readout_solver, readout_note = readout_subspace(W_U, basis, k, layout, d)
+    return _Profile(layers, labels, d, readout, readout_solver, [int(c) for c in ccrs], int(seed), n_null,
+                    readout_note)
 
 
 def pga_profile(
@@ -130,6 +133,8 @@ def pga_profile(
     prof = distributed.prepare_on_every_rank("pga_profile", group, _check_profile, hidden_states_by_layer, W_U, basis,
                                              k, layout, ccrs, seed, n_null, method, backend, precision)
     out: Dict[int, List[PGAResult]] = {c: [] for c in prof.ccrs}
+    if prof.readout_note:
+        warnings.warn(f"pga_profile: {prof.readout_note}", DegenerateInputWarning, stacklevel=2)
     with reused_draws(), shared_ccr(max(prof.ccrs)), progress_bar(
             progress and distributed.is_main(group), total=len(prof.layers) * len(prof.ccrs), desc="PGA profile",
             unit="layer", leave=True) as bar:
@@ -140,6 +145,8 @@ def pga_profile(
                 res.settings["readout"] = "basis" if basis is not None else "W_U"
                 res.settings["readout_solver"] = prof.readout_solver
                 res.settings["layer"] = prof.labels[i]
+                if prof.readout_note:
+                    res.warnings.insert(0, prof.readout_note)
                 out[c].append(res)
                 bar.set_postfix_str(f"ccr={c} layer={prof.labels[i]}")
                 bar.update(1)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from typing import Dict, Optional
 
-import numpy as np
 import torch
 
 from . import _validation as val
@@ -35,9 +34,7 @@ def _svd_right(x: torch.Tensor):
 
 
 def _check_m(m, x: torch.Tensor) -> int:
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 1 <= m <= min(x.shape):
-        raise ValueError(f"m must be an int in [1, min(N, d) = {min(x.shape)}], got {m!r}")
-    return int(m)
+    return val.check_int(m, f"m (in [1, min(N, d) = {min(x.shape)}])", 1, min(x.shape))
 
 
 def _alignment_from(vh: torch.Tensor, b: torch.Tensor, m: int) -> torch.Tensor:
@@ -64,7 +61,22 @@ def rankme(H, center: bool = False, eps: float = 1e-7) -> float:
     """RankMe (Garrido et al., 2023): exp of the entropy of the normalized singular values
     p_i = σ_i/Σσ + eps. Uses the singular values of H themselves, not their squares (the
     eigenvalues of HᵀH), and H as given unless center=True. Between 1 and min(N, d)."""
+    eps = val.check_real(eps, "eps", 0.0)
     return _rankme_from(_singular_values(H, center), eps)
+
+
+def _check_fit_range(fit_range, n_values: Optional[int] = None):
+    """fit_range as (first, last) ints with 1 <= first < last (<= n_values), or None: checked
+    before any SVD; integers of any kind, never truncated (1.5 is refused)."""
+    if fit_range is None:
+        return None
+    if isinstance(fit_range, (str, bytes)) or not hasattr(fit_range, "__len__") or len(fit_range) != 2:
+        raise ValueError(f"fit_range must be a pair (first, last) of 1-based indices, got {fit_range!r}")
+    first, last = (val.as_int(v, "fit_range") for v in fit_range)
+    top = "" if n_values is None else f" <= {n_values}"
+    if not 1 <= first < last or (n_values is not None and last > n_values):
+        raise ValueError(f"fit_range must satisfy 1 <= first < last{top}, got {fit_range!r}")
+    return first, last
 
 
 def _alpha_from(s: torch.Tensor, n_rows: int, fit_range=None) -> float:
@@ -72,7 +84,7 @@ def _alpha_from(s: torch.Tensor, n_rows: int, fit_range=None) -> float:
     idx = torch.arange(1, lam.numel() + 1, dtype=torch.float64, device=lam.device)
     keep = lam > lam[0] * 1e-12
     if fit_range is not None:
-        first, last = (int(v) for v in fit_range)
+        first, last = _check_fit_range(fit_range)
         if not 1 <= first < last <= lam.numel():
             raise ValueError(f"fit_range must satisfy 1 <= first < last <= {lam.numel()}, got {fit_range!r}")
         keep = keep & (idx >= first) & (idx <= last)
@@ -87,6 +99,7 @@ def alpha_req(H, center: bool = True, fit_range=None) -> float:
     """α-ReQ (Agrawal et al., 2022): the decay exponent α of the covariance eigenspectrum,
     λ_i ∝ i^(−α), by least squares of log λ_i on log i over the nonzero eigenvalues (or the
     1-based index range `fit_range=(first, last)`, inclusive)."""
+    _check_fit_range(fit_range)
     x = _centered64(H, center)
     return _alpha_from(torch.linalg.svdvals(x), x.shape[0], fit_range)
 
@@ -134,6 +147,7 @@ def spectral_metrics(H, basis: Optional[torch.Tensor] = None, m: int = 10) -> Di
     decomposition per metric. Equal to the separate functions up to rounding (isotropy: up to the
     choice of eigenvectors inside a repeated eigenvalue). α-ReQ is NaN when fewer than two
     eigenvalues are nonzero. m is capped at min(N, d) (`direction_alignment` refuses a larger m)."""
+    m = val.check_int(m, "m", 1)
     raw = val.finite_matrix(H, "H").to(torch.float64)
     b = None if basis is None else val.check_basis(basis, raw.shape[1])
     centered = raw - raw.mean(dim=0, keepdim=True)

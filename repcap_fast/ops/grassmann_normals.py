@@ -19,7 +19,6 @@ Every launcher takes (out, seed, first_basis) and fills out (B×d×k, float64, c
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .. import _validation as val
@@ -28,9 +27,7 @@ from ..reference import grassmann_normals_reference
 
 
 def _check_count(value, name: str, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
-    return int(value)
+    return val.check_int(value, name, lo)
 
 
 def grassmann_normals(n: int, d: int, k: int, seed: int = 0, *, first_basis: int = 0, device="cpu",
@@ -46,7 +43,7 @@ def grassmann_normals(n: int, d: int, k: int, seed: int = 0, *, first_basis: int
     first_basis = _check_count(first_basis, "first_basis", 0)
     if first_basis + n > val.MAX_SEED:
         raise ValueError(f"first_basis + n must be <= {val.MAX_SEED}, got {first_basis} + {n}")
-    device = torch.device(device)
+    device = val.check_device(device)
     name = resolve_backend(backend, device, "grassmann_normals")
     out = torch.empty(n, d, k, dtype=torch.float64, device=device)
     launcher("grassmann_normals", name)(out, seed, first_basis)

@@ -81,8 +81,8 @@ class CosineStats:
     settings: dict = field(default_factory=dict)
 
     def epsilon(self, k_sigma: float = 2.0) -> float:
-        """ε = μ + k_sigma·σ (the paper's accepted deviation, k_sigma = 2)."""
-        return self.mean + float(k_sigma) * self.std
+        """ε = μ + k_sigma·σ (the paper's accepted deviation, k_sigma = 2); k_sigma a finite real."""
+        return self.mean + val.as_real(k_sigma, "k_sigma") * self.std
 
     @property
     def bin_width(self) -> float:
@@ -156,7 +156,8 @@ class CosineMoments:
     dropped_rows_b: int = 0
 
     def epsilon(self, k_sigma: float = 2.0) -> float:
-        return self.mean + float(k_sigma) * self.std
+        """ε = μ + k_sigma·σ; k_sigma a finite real."""
+        return self.mean + val.as_real(k_sigma, "k_sigma") * self.std
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -388,6 +389,8 @@ def cosine_moments(A, B=None, *, zero_rows: str = "error", n_rows: Optional[int]
 
 def epsilon(A, B=None, *, method: str = "gram", k_sigma: float = 2.0, **kwargs) -> float:
     """ε = μ + k_sigma·σ of the pairwise cosines; method "gram" (exact, O(V·d²)) or "stream"."""
+    val.as_real(k_sigma, "k_sigma")  # before the pass
+    val.check_choice(method, "method", ("gram", "stream"))
     if method == "gram":
         return cosine_moments(A, B, **kwargs).epsilon(k_sigma)
     if method == "stream":

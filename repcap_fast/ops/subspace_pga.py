@@ -74,10 +74,11 @@ _REFERENCE_PAIR_BYTES = 24
 @dataclass
 class PGAResult:
     """ρ_readout, the null ρ's and z = (ρ_readout − mean)/std (ddof = 1). `warnings` names what
-    makes the result degenerate (each also raised as a DegenerateInputWarning): a CCR residual
-    of rank ≤ 1 (z is NaN: every distance is 0 or 2, and rounding alone would order them),
-    duplicated tokens (their pairs tie at distance 0 in every subspace), an undefined ρ, or
-    σ_null = 0 (z is NaN)."""
+    makes the result degenerate (each also raised as a DegenerateInputWarning): a readout W_U
+    with fewer than k nonzero singular values (some readout directions are then arbitrary; an
+    all-zero W_U is refused), a CCR residual of rank ≤ 1 (z is NaN: every distance is 0 or 2, and
+    rounding alone would order them), duplicated tokens (their pairs tie at distance 0 in every
+    subspace), an undefined ρ, or σ_null = 0 (z is NaN)."""
 
     z: float
     rho_readout: float
@@ -159,12 +160,11 @@ def check_settings(N: int, d: int, device: torch.device, n_null, ccr, seed, meth
         raise ValueError(f"{name} needs N >= 3 tokens (rows), got N={N}")
     n_null = val.check_n_null(n_null)
     seed = val.check_seed(seed)
-    if isinstance(ccr, bool) or not isinstance(ccr, (int, np.integer)) or ccr < 0:
-        raise ValueError(f"ccr must be an int >= 0, got {ccr!r}")
+    ccr = val.check_int(ccr, "ccr", 0)
     if ccr >= min(N, d):
         raise ValueError(f"ccr must be < min(N, d) = {min(N, d)} ({name}: N={N} tokens, d={d}), got {ccr}")
-    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1):
-        raise ValueError(f"batch must be an int >= 1 (subspaces per kernel call), got {batch!r}")
+    if batch is not None:
+        batch = val.check_int(batch, "batch", 1)  # subspaces per kernel call
     val.check_choice(method, "method", METHODS)
     check_precision(precision)
     if method == "stream":
@@ -227,7 +227,7 @@ def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, 
     N, d = H.shape
     s = check_settings(N, d, H.device, n_null, ccr, seed, method, backend, precision, batch)
     H = val.finite_matrix(H, "H")  # before the readout's O(V·d²) work
-    readout, readout_solver = readout_subspace(W_U, basis, k, layout, d)
+    readout, readout_solver, readout_note = readout_subspace(W_U, basis, k, layout, d)
     x, _, _ = center_and_ccr_unscaled(H, s.ccr)  # x = residual / 2^e: never overflows, whatever H's scale
     norms = val.row_norms(x, "H")
     zero = norms == 0
@@ -240,7 +240,9 @@ def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, 
     u = val.unit_rows(x, torch.float64, norms)
     nulls = grassmann_bases(d, int(readout.shape[1]), s.n_null, s.seed, device=x.device)
     return _Inputs(H, u, readout, nulls, s.ccr, s.seed, s.method, s.backend, s.precision, s.batch,
-                   tuple(_degeneracy_warnings(u, s.ccr, _compute_dtype(s.backend, s.method, H.dtype))), readout_solver)
+                   ((readout_note,) if readout_note else ())
+                   + tuple(_degeneracy_warnings(u, s.ccr, _compute_dtype(s.backend, s.method, H.dtype))),
+                   readout_solver)
 
 
 # ------------------------------------------------------------------------- public function
