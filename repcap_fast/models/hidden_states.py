@@ -19,6 +19,7 @@ import torch
 
 from .. import _validation as val
 from .._progress import progress_bar
+from .casting import check_loaded
 from .in_memory import InMemorySource, Runner, in_memory_source, is_in_memory, random_init
 from .sources import ResolvedSource, resolve_source
 
@@ -178,9 +179,12 @@ def open_model(source=None, *, tokenizer=None, init: str = "trained", seed: int 
     None for a model in memory). init="random" builds the architecture from its config
     (`random_init`); a model read from disk loads in `dtype` (default float32) on `device`
     (default CPU); a model in memory stays where it is, and a `device` or `dtype` that differs
-    from its own is an error (it is never moved or cast behind the user's back)."""
+    from its own is an error (it is never moved or cast behind the user's back). A checkpoint
+    with values beyond `dtype`'s range (65504 for float16) is an error naming the parameter, not
+    a model with ±inf weights. seed: an integer in [0, 2^63 - 1], checked whatever init is."""
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    seed = val.check_seed(seed)
     if dtype is not None:
         dtype = val.check_dtype(dtype)
     if init == "random":
@@ -201,6 +205,7 @@ def open_model(source=None, *, tokenizer=None, init: str = "trained", seed: int 
     if tokenizer is not None:
         raise ValueError("tokenizer= is for a model in memory; a model read from disk uses its own tokenizer")
     tok, model = _load_hf(resolved, dtype or torch.float32, "cpu" if device is None else device)
+    check_loaded(model, dtype, resolved.path)
     return InMemorySource(model, "transformers", model, tok, resolved.source), resolved
 
 
@@ -247,21 +252,28 @@ def layer_count(config: Dict) -> Optional[int]:
 
 
 def check_layers(layers, n_layers: int) -> List[int]:
-    """`layers` ("all", an int or a list; negative counts from the end) as sorted indices into
-    the n_layers + 1 hidden states, or a ValueError that gives the valid range."""
+    """`layers` ("all", an integer or a sequence of them: Python, numpy or torch integers, a 1-D
+    integer array or tensor; negative counts from the end) as sorted indices into the
+    n_layers + 1 hidden states, or an error naming `layers`: a non-integer (1.0, True) says so, an
+    integer out of range gives the valid range."""
     total = n_layers + 1
-    if layers == "all" or layers is None:
+    if layers is None or (isinstance(layers, str) and layers == "all"):
         return list(range(total))
-    if isinstance(layers, (int, np.integer)) and not isinstance(layers, bool):
-        layers = [int(layers)]
-    if not isinstance(layers, (list, tuple)) or not layers:
+    if isinstance(layers, str):
         raise ValueError(f"layers must be 'all', an int or a list of ints, got {layers!r}")
+    if isinstance(layers, (torch.Tensor, np.ndarray)) and layers.ndim == 1:
+        layers = list(layers)
+    elif not isinstance(layers, (list, tuple, range)):
+        layers = [val.as_int(layers, "layers")]
+    if not layers:
+        raise ValueError(f"layers must be 'all', an int or a non-empty list of ints, got {layers!r}")
     out = []
     for layer in layers:
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not -total <= layer < total:
+        index = val.as_int(layer, f"layers: {layer!r}")
+        if not -total <= index < total:
             raise ValueError(f"layers: {layer!r} is out of range; this model has layers 0..{n_layers} "
                              f"(0 = the embedding output, {n_layers} = the last block), or -{total}..-1")
-        out.append(int(layer) % total)
+        out.append(index % total)
     return sorted(set(out))
 
 
@@ -276,6 +288,10 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
     in memory (`in_memory.in_memory_source`: a transformers model, a TransformerLens
     HookedTransformer, an nnsight LanguageModel).
 
+    The model runs in eval mode, under torch.inference_mode: a model in memory left in training
+    mode gives its eval-mode states (no dropout; the same states on every call), and every one of
+    its submodules gets its own `training` flag back afterwards, also when the run raises.
+
     The text (default: the bundled public-domain corpus, `default_corpus()`) is tokenized into one
     stream and cut into windows of `seq_len` tokens (the tokenizer's special tokens added around
     each). A seeded sample picks windows, then `n_tokens` positions uniformly among those windows'
@@ -287,10 +303,13 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
             windows used as they are (no special tokens added). At most one of the two. Token ids
             need no tokenizer (a 1-D stream then gets no special tokens); texts do.
         layers: "all", an int or a list (0 = the embedding output; negative counts from the end).
-        n_tokens: tokens to sample; more than the text provides is an error.
+        n_tokens: tokens to sample; more than the text provides is an error. It, batch_size,
+            seq_len, tokens_per_window and seed are integers (Python, numpy or torch; not bools,
+            floats or strings).
         dtype, device: the model's dtype and device. None: float32 on the CPU for a model read
             from disk, and an in-memory model's own (it is never moved or cast: a different
-            explicit value is an error).
+            explicit value is an error). In float16, weights (at the cast) or activations beyond
+            its range (±65504) are an error that says so, not inf states.
         tokenizer: the tokenizer of an in-memory model (default: its own, or found from its
             name_or_path on this machine).
         init: "trained" (the weights as they are) or "random": the same architecture built from
@@ -302,15 +321,16 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
     """
     if texts is not None and token_ids is not None:
         raise ValueError("pass texts or token_ids, not both")
-    for name, value in (("n_tokens", n_tokens), ("batch_size", batch_size), ("seq_len", seq_len),
-                        ("tokens_per_window", tokens_per_window)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    n_tokens, batch_size, seq_len, tokens_per_window = (
+        val.check_int(value, name, 1) for name, value in (
+            ("n_tokens", n_tokens), ("batch_size", batch_size), ("seq_len", seq_len),
+            ("tokens_per_window", tokens_per_window)))
     if n_tokens < 3:
         raise ValueError(f"n_tokens must be at least 3 (pairs of tokens are compared), got {n_tokens}")
     seed = val.check_seed(seed)
     ids = None if token_ids is None else torch.as_tensor(token_ids)
-    if ids is not None and (ids.dtype.is_floating_point or ids.dim() not in (1, 2) or ids.numel() == 0):
+    if ids is not None and (ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool
+                            or ids.dim() not in (1, 2) or ids.numel() == 0):
         raise ValueError(f"token_ids must be a non-empty 1-D stream or 2-D batch of integer ids, got "
                          f"{tuple(ids.shape)} {ids.dtype}")
     batch_ids = ids is not None and ids.dim() == 2
@@ -409,7 +429,12 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
             rows = torch.tensor([i for i, w in enumerate(batch) for _ in by_window[w]], device=device)
             cols = torch.tensor([len(prefix) + o for w in batch for o in by_window[w]], device=device)
             for layer in keep_layers:
-                kept[layer].append(hs[layer][rows, cols].float().to(out_device))
+                h = hs[layer][rows, cols]
+                if h.dtype == torch.float16 and not bool(torch.isfinite(h).all()):
+                    raise ValueError(f"dtype=float16: the hidden states of {src.label} at layer {layer} hold inf or "
+                                     f"NaN: its activations exceed float16's range (±65504) in the float16 run; "
+                                     f"run it in float32 or bfloat16")
+                kept[layer].append(h.float().to(out_device))
             del hs
             bar.update(len(batch))
     states = {layer: torch.cat(parts) for layer, parts in kept.items()}

@@ -24,11 +24,14 @@ papers compare trained weights against.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+
+from .casting import check_loaded
 
 FRAMEWORKS = ("transformers", "transformer_lens", "transformer_lens_bridge", "nnsight", "sae_lens")
 LAST_LAYER_POINTS = ("final_norm", "resid_post")
@@ -272,6 +275,7 @@ def random_init(source, seed: int = 0, device=None, dtype: Optional[torch.dtype]
                 model = AutoModel.from_config(cfg)
     if dtype is not None and dtype != torch.float32:  # initialized in float32, then rounded
         model = model.to(dtype)
+        check_loaded(model, dtype, f"{label} initialized with seed {seed}")
     model.eval()
     notes = [f"built from the config of {label} by {type(model).__name__}.from_config, seed {seed}, on {dev}"]
     return InMemorySource(model, "transformers", model, tok, f"{label} (random init, seed {seed})", "random", seed,
@@ -329,6 +333,32 @@ def embedding_tensors(src: InMemorySource) -> Dict:
 
 # --- running the model ----------------------------------------------------------------------------
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise the same values, NaN included (an overflowed float16 run has NaN states)."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all())
+
+
+@contextlib.contextmanager
+def eval_mode(*modules: torch.nn.Module):
+    """Run `modules` in eval mode (dropout off, batch norm on its running statistics), then put
+    back every submodule's own `training` flag as it was (a model left partly in training keeps
+    exactly that state), also when the body raises. The flags are set directly, without calling
+    any module's `train()` override."""
+    seen, flags = set(), []
+    for module in modules:
+        for m in module.modules():
+            if id(m) not in seen:
+                seen.add(id(m))
+                flags.append((m, m.training))
+    try:
+        for m, _ in flags:
+            m.training = False
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
 class Runner:
     """Runs a model on batches of token ids and returns the residual stream at every layer:
     entry 0 the embedding output, entry l the output of block l, and entry L (the last) at the
@@ -340,7 +370,11 @@ class Runner:
     - "resid_post": the last block's output before any final norm (TransformerLens's
       `blocks.{L-1}.hook_resid_post`; in transformers, the last block's output, read by a hook).
     `last_layer_is_normed` says, after the first batch, whether the two points differ for this
-    model."""
+    model.
+
+    Every forward pass runs in eval mode (`eval_mode`): a model left in training mode gives its
+    eval-mode states (no dropout), and every submodule's `training` flag is restored afterwards,
+    also when the forward raises."""
 
     def __init__(self, src: InMemorySource, last_layer: str = "final_norm"):
         if last_layer not in LAST_LAYER_POINTS:
@@ -377,6 +411,12 @@ class Runner:
         return self.src.device
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> List[torch.Tensor]:
+        given = self.src.given  # a TransformerBridge is a module around the model it runs
+        also = [given] if isinstance(given, torch.nn.Module) and given is not self.src.model else []
+        with eval_mode(self.src.model, *also):
+            return self._run(input_ids, attention_mask)
+
+    def _run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> List[torch.Tensor]:
         if self.src.framework == "transformer_lens":
             return self._run_lens(input_ids, attention_mask)
         if self.last_layer == "final_norm" and self._blocks is not None:  # the model's own outputs: no hook
@@ -409,7 +449,7 @@ class Runner:
             first = "first" if self.n_layers > 1 else "last"
             match = [i for i in range(len(lists)) if (i, first) in captured
                      and captured[(i, first)].shape == hs[1].shape
-                     and (self.n_layers == 1 or torch.equal(captured[(i, first)], hs[1]))]
+                     and (self.n_layers == 1 or _same(captured[(i, first)], hs[1]))]
             if not match:
                 raise RuntimeError(f"{type(self.base).__name__}: none of its lists of {self.n_layers} blocks produced "
                                    f"hidden state 1; the last block's output cannot be read")
@@ -419,7 +459,7 @@ class Runner:
         if resid is None or resid.shape != hs[-1].shape:
             raise RuntimeError(f"{type(self.base).__name__}: the last block's output could not be read by a hook")
         if self.last_layer_is_normed is None:
-            self.last_layer_is_normed = not torch.equal(resid, hs[-1])
+            self.last_layer_is_normed = not _same(resid, hs[-1])
         if self.last_layer == "resid_post":
             hs[-1] = resid
         return hs
