@@ -5,6 +5,8 @@ with R², MAPE and NRMSE.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from . import _validation as val
@@ -38,13 +40,25 @@ FIT_FORMS = {
 }
 
 
+MAX_EVALUATIONS = 50000  # curve_fit's maxfev: a fit that needs more did not converge
+AT_BOUND_RTOL = 1e-6  # a parameter this close to a bound (relative to the bounds' width) is at it
+
+
+class FitAtBoundWarning(UserWarning):
+    """A fitted constant sits at a bound of its fit: the form does not describe the cells well
+    there, and the constant is the bound's, not the data's."""
+
+
 class FitResult:
     """Constants of one capacity form fitted to measured ε(k, d), with the fit metrics:
     R², RMSE, NRMSE (percent of the data's range), MAPE (percent) and the max absolute error, and
-    ``method``: the packing method the cells were made with (the constants assume it)."""
+    ``method``: the packing method the cells were made with (the constants assume it).
+    ``at_bounds``: the names of the constants that ended at a bound of the fit (``FIT_FORMS``),
+    where the fit is held rather than fitted (empty for a clean fit)."""
 
-    def __init__(self, form, params, k, d, eps, excluded, eps_key, method=None):
+    def __init__(self, form, params, k, d, eps, excluded, eps_key, method=None, at_bounds=()):
         self.form = form
+        self.at_bounds = list(at_bounds)
         self.method = method  # the packing method of the cells (None: not recorded, e.g. (k, d, ε) triples)
         self.params = params
         self.k, self.d, self.eps = k, d, eps
@@ -79,6 +93,7 @@ class FitResult:
             "r2": num(self.r2), "rmse": num(self.rmse), "nrmse_percent": num(self.nrmse),
             "mape_percent": num(self.mape), "max_error": num(self.max_error),
             "n_cells": int(len(self.eps)), "eps_key": self.eps_key, "packing_method": self.method,
+            "at_bounds": list(self.at_bounds),
             "excluded_cells": [{"k": int(k), "d": int(d), "why": why} for k, d, why in self.excluded],
         }
 
@@ -109,9 +124,10 @@ def _cells_arrays(cells, eps_key):
         if e is None:  # e.g. eps_over_welch of a cell with k <= d
             missing.append((k, d, f"{eps_key} is None"))
             continue
-        ks.append(k)
-        ds.append(d)
-        eps.append(e)
+        # numpy and torch scalars are numbers; bools, strings, NaN and inf are named, not read as numbers
+        ks.append(val.as_real(k, f"cells[{i}]: k"))
+        ds.append(val.as_real(d, f"cells[{i}]: d"))
+        eps.append(val.as_real(e, f"cells[{i}]: {eps_key}"))
     k, d, e = (np.asarray(v, dtype=np.float64) for v in (ks, ds, eps))
     if len(k) == 0:
         raise ValueError("cells is empty" if not missing else f"no cell has a value for {eps_key!r}")
@@ -137,6 +153,11 @@ def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> Fit
     are excluded and listed in the result (never silently), as are cells without a value for
     `eps_key`. Returns a FitResult with R², MAPE,
     NRMSE, RMSE, the max error, and ``plot(path)``.
+
+    `p0`: the start, one number per constant within its bounds (default ``FIT_FORMS``). A fit that
+    does not converge in ``MAX_EVALUATIONS`` evaluations is a ValueError naming the form; a
+    constant that ends at a bound is listed in ``FitResult.at_bounds`` (and ``to_dict()``), with a
+    ``FitAtBoundWarning``.
     """
     val.check_choice(form, "form", tuple(FIT_FORMS))
     from scipy.optimize import curve_fit  # SciPy's optimizers: imported when a fit runs
@@ -151,6 +172,39 @@ def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> Fit
     k, d, eps = k[keep], d[keep], eps[keep]
     if len(k) < len(names):
         raise ValueError(f"the {form} form has {len(names)} parameters but only {len(k)} usable cells")
-    p0 = start if p0 is None else tuple(float(v) for v in p0)
-    popt, _ = curve_fit(model, (k, d), eps, p0=p0, bounds=bounds, maxfev=50000)
-    return FitResult(form, dict(zip(names, (float(v) for v in popt))), k, d, eps, excluded, eps_key, method)
+    p0 = start if p0 is None else _check_p0(p0, form, names, bounds)
+    try:
+        popt, _ = curve_fit(model, (k, d), eps, p0=p0, bounds=bounds, maxfev=MAX_EVALUATIONS)
+    except (RuntimeError, ValueError) as exc:  # SciPy's "Optimal parameters not found", non-finite residuals
+        raise ValueError(f"the {form} fit did not converge on the {len(k)} cells ({str(exc).strip()[:200]}); try "
+                         f"another start (p0, {len(names)} numbers for {', '.join(names)}), another form ('jl' or "
+                         "'adjusted' have one constant), or more cells over a wider range of k and d") from None
+    params = dict(zip(names, (float(v) for v in popt)))
+    at_bounds = [name for (name, v), lo, hi in zip(params.items(), *bounds)
+                 if min(v - lo, hi - v) <= AT_BOUND_RTOL * (hi - lo)]
+    if at_bounds:
+        warnings.warn(f"the {form} fit has {', '.join(at_bounds)} at its bound "
+                      f"({', '.join(f'{n}={params[n]:.6g} in {_bounds_of(n, names, bounds)}' for n in at_bounds)}): "
+                      "the constant is held by the bound, not fitted; the form may not describe these cells",
+                      FitAtBoundWarning, stacklevel=2)
+    return FitResult(form, params, k, d, eps, excluded, eps_key, method, at_bounds)
+
+
+def _bounds_of(name, names, bounds) -> str:
+    i = names.index(name)
+    return f"[{bounds[0][i]:g}, {bounds[1][i]:g}]"
+
+
+def _check_p0(p0, form, names, bounds) -> tuple:
+    """p0: one finite number per constant of the form, within its bounds."""
+    if isinstance(p0, (str, bytes)) or not hasattr(p0, "__len__") or getattr(p0, "ndim", 1) != 1:
+        raise val.ArgumentTypeError(f"p0 must be a sequence of {len(names)} numbers ({', '.join(names)}) for the "
+                                    f"{form} form, got {type(p0).__name__} {p0!r}")
+    if len(p0) != len(names):
+        raise ValueError(f"p0 must have {len(names)} numbers ({', '.join(names)}) for the {form} form, got {len(p0)}")
+    out = tuple(val.as_real(v, f"p0[{i}] ({name})") for i, (v, name) in enumerate(zip(p0, names)))
+    for i, (v, name) in enumerate(zip(out, names)):
+        if not bounds[0][i] <= v <= bounds[1][i]:
+            raise ValueError(f"p0[{i}] ({name}) = {v:g} is outside the bounds of the {form} fit, "
+                             f"{_bounds_of(name, names, bounds)}")
+    return out

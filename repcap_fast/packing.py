@@ -11,6 +11,7 @@ Vectors are the rows of a k×d matrix here; the paper's code stores them as the 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -31,11 +32,14 @@ from .ops.gram_offdiag_penalty import (
     gram_offdiag_penalty_block,
 )
 from .ops.pairwise_cosine_stats import pairwise_cosine_stats
-from .packing_methods import METHODS, MethodSettings  # noqa: F401  METHODS: the names of method=
+from .packing_memory import check_memory
+from .packing_methods import METHODS, MethodSettings, PackingDiverged  # noqa: F401  method= names; optimize raises
 from .sweep_file import (  # noqa: F401  SWEEP_FORMAT: the format tag of sweep files, also read from here
     CELL_FIELDS,
     SETTING_KEYS,
     SWEEP_FORMAT,
+    grid_order,
+    grid_values,
     is_sweep_file,
     load_cells,
     merge_cells,
@@ -43,6 +47,7 @@ from .sweep_file import (  # noqa: F401  SWEEP_FORMAT: the format tag of sweep f
     part_files,
     read_cells,
     remove_part_files,
+    sweep_lock,
     write_cells,
 )
 
@@ -51,12 +56,13 @@ _PROGRESS_FLOPS = 2e11  # show a progress bar above about this much work (a few 
 
 def default_lr(d: int) -> float:
     """The paper's learning rate: 0.005 for d ≤ 1024, else 0.0025."""
-    return 0.005 if d <= 1024 else 0.0025
+    return 0.005 if val.check_int(d, "d", 1) <= 1024 else 0.0025
 
 
 def default_p(k: int, d: int) -> int:
     """The paper's exponent p = min(int(m / ln d), 20), with m = 40 if k ≤ 4000, else 50 if
     d ≥ 3072, else 60 (d = 1 gives 20; p is at least 1)."""
+    k, d = val.check_int(k, "k", 1), val.check_int(d, "d", 1)
     m = 40 if k <= 4000 else (50 if d >= 3072 else 60)
     if d <= 1:
         return 20
@@ -232,6 +238,10 @@ def _optimize_with_method(run: _Run, progress) -> PackingResult:
         try:
             X = methods.run_optimizer(run.settings, X, run.steps, run.lr, run.backend, run.precision, eps_init,
                                       on_step)
+        except methods.RowsCollapsed as exc:
+            default = methods.default_lr(run.settings.method, default_lr(run.d))
+            raise PackingDiverged(f"{exc} ({run.dtype}, method={run.settings.method}); lr={run.lr:g} is too large: "
+                                  f"try a smaller lr (the default is {default:g}) or float64") from None
         except ValueError as exc:
             if "NaN/Inf" not in str(exc):
                 raise
@@ -294,15 +304,12 @@ def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision, meth
                                     lambda value: check_penalty_p(value, backend))
     lr = methods.default_lr(settings.method, default_lr(d)) if lr is None else val.check_positive_float(lr, "lr")
     precision = check_precision(precision, PENALTY_PRECISIONS)
+    check_memory(k, d, dtype, device, backend)  # before any allocation
     if settings.method == "smooth-max" and precision != "highest":
         raise ValueError(f"precision={precision!r} does not apply to method='smooth-max' (its objective is streamed "
                          "by PyTorch in float32, not by the penalty kernel); use precision='highest'")
     return _Run(k, d, val.check_int(steps, "steps", 1), settings.p_end, lr, val.check_seed(seed),
                 device, dtype, backend, precision, settings)
-
-
-class PackingDiverged(RuntimeError):
-    """The optimizer's vectors became NaN/Inf (too large an lr for the dtype, or a dtype too narrow)."""
 
 
 def _step_loss(X: torch.Tensor, run: _Run, step: int) -> torch.Tensor:
@@ -474,9 +481,12 @@ def sweep(
     into `out` and removes them. A resume (with any number of ranks) reads `out` and every part
     file, so a killed rank loses at most its cell in flight. Rank 0 shows the progress and ETA of
     its own cells. Every rank returns the same records.
+
+    One sweep at a time writes `out`: the sweep (rank 0 across ranks) holds an exclusive lock on it
+    (``out.lock``, removed at the end, released if the process dies), and a second sweep on the same
+    file is refused at once with a ValueError (across ranks: on every rank).
     """
-    ks = list(dict.fromkeys(val.check_int(k, "ks", 2) for k in ks))  # order kept, repeats dropped
-    ds = list(dict.fromkeys(val.check_int(d, "ds", 1) for d in ds))
+    ks, ds = grid_values(ks, "ks", 2), grid_values(ds, "ds", 1)
     if not ks or not ds:
         raise ValueError("ks and ds must each name at least one value")
     steps = val.check_int(steps, "steps", 1)
@@ -494,9 +504,30 @@ def sweep(
     if dtype == torch.float16 or (method == "smooth-max" and precision != "highest"):
         _check_run(ks[0], ds[0], steps, p, lr, seed, device, dtype, backend, precision, method, p_start,
                    polish_steps)  # its error
+    for d in ds:  # every cell fits in memory, before any file work
+        for k in ks:
+            check_memory(k, d, dtype, val.check_device(device), name)
     out = val.check_output_file(out, "out")  # its folder created and writable before any work
     group = distributed.resolve_group(group)
     rank, world = (0, 1) if group is None else distributed.rank_and_world(group)
+    run = {"steps": steps, "p": p, "lr": lr, "seed": seed, "device": device, "dtype": dtype, "backend": backend,
+           "precision": precision, "method": method, "p_start": p_start, "polish_steps": polish_steps}
+    with contextlib.ExitStack() as held:
+        # One sweep at a time writes `out` (two would each rewrite it from their own cells): its writer,
+        # the process or rank 0, holds its lock throughout; a second sweep is refused at once, on every rank.
+        def lock():
+            return held.enter_context(sweep_lock(out)) if rank == 0 else None
+
+        if group is None:
+            lock()
+        else:  # rank 0 takes it; all raise if it cannot
+            distributed.run_on_every_rank("sweep (lock)", lock, group)
+        return _sweep_locked(ks, ds, out, want, run, resume, progress, on_cell, group, rank, world)
+
+
+def _sweep_locked(ks, ds, out, want, run, resume, progress, on_cell, group, rank, world) -> List[dict]:
+    """The sweep of `sweep`, its arguments checked and `out` locked."""
+    steps = want["steps"]
     if resume:
         try:
             existing = read_cells(out)
@@ -526,7 +557,7 @@ def sweep(
     grid = [(k, d) for d in ds for k in ks]
     todo = [cell for cell in grid if cell not in done]
     if group is None and parts:  # a distributed sweep was cut short: its part files join `out` now
-        write_cells(out, _grid_order(done, grid))
+        write_cells(out, grid_order(done, grid))
     if group is None:  # (also the temporary file of a rank killed in its first write, with no part file)
         remove_part_files(out, parts)
     if group is not None:
@@ -542,12 +573,10 @@ def sweep(
                              desc="sweep" if group is None else f"sweep, rank 0 of {world}") as bar:
             for k, d in todo:  # each rank's cells are its own: no op inside may meet the other ranks
                 bar.set_postfix_str(f"k={k} d={d}")
-                result = optimize(k, d, steps=steps, p=p, lr=lr, seed=seed, device=device, dtype=dtype,
-                                  backend=backend, precision=precision, progress=False, method=method,
-                                  p_start=p_start, polish_steps=polish_steps)
+                result = optimize(k, d, progress=False, **run)
                 done[(k, d)] = _cell_record(result)
                 if group is None:
-                    write_cells(out, _grid_order(done, grid))
+                    write_cells(out, grid_order(done, grid))
                 else:
                     mine.append(done[(k, d)])
                     write_cells(part_file(out, rank), mine)
@@ -562,17 +591,11 @@ def sweep(
     if rank == 0:  # merge the part files into out, then remove them
         merged = {(c["k"], c["d"]): c for c in merge_cells([(out, existing if resume else [])] +
                                                           [(path, read_cells(path)) for path in part_files(out)])}
-        write_cells(out, _grid_order(merged, grid))
+        write_cells(out, grid_order(merged, grid))
         remove_part_files(out, part_files(out))
     distributed.run_on_every_rank("sweep (merge)", lambda: None, group)
     final = {(c["k"], c["d"]): c for c in read_cells(out)}
     return [final[c] for c in grid]
-
-
-def _grid_order(cells: dict, grid: List) -> List[dict]:
-    """The cells {(k, d): record} in grid order, then those of other grids (kept, never dropped)."""
-    keys = set(grid)
-    return [cells[c] for c in grid if c in cells] + [c for key, c in cells.items() if key not in keys]
 
 
 __all__ = ["PENALTY_PRECISIONS", "PackingResult", "default_lr", "default_p", "load_cells", "optimize", "sweep"]

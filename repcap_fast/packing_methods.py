@@ -71,6 +71,27 @@ class MethodSettings:
         return {"method": self.method, "p_start": self.p_start, "p": self.p_end, "polish_steps": self.polish_steps}
 
 
+class PackingDiverged(RuntimeError):
+    """The optimizer's vectors became NaN/Inf or collapsed to zero (too large an lr for the dtype, or
+    a dtype too narrow). ``repcap_fast.packing.PackingDiverged``."""
+
+
+class RowsCollapsed(PackingDiverged):
+    """check_rows_alive's PackingDiverged: packing.optimize adds the run's settings and lr to it."""
+
+
+def check_rows_alive(rows: torch.Tensor, step: int) -> None:
+    """Raises PackingDiverged when a row of the optimizer's vectors (unit rows, or Adam's raw
+    parameters) is NaN/Inf, has a norm beyond its dtype, or is zero: a step too large for the dtype
+    (their normalization would give NaN or zero rows, refused later as bad input)."""
+    norms = torch.linalg.vector_norm(rows, dim=1)
+    alive = torch.isfinite(norms) & (norms > 0)
+    if not bool(alive.all()):
+        n_bad = int((~alive).sum())
+        raise RowsCollapsed(f"packing diverged at step {step}: {n_bad} of the {rows.shape[0]} vectors became NaN/Inf "
+                              f"or zero (a step beyond the range of {str(rows.dtype).replace('torch.', '')})")
+
+
 def check_method(method, p: Optional[int], p_start, polish_steps, paper_p: int, check_p) -> MethodSettings:
     """The settings of `method` (a name of METHODS): p is the paper's fixed p ("paper"; default
     `paper_p`) or the continuation's last p (default DEFAULT_P_END); p_start the first (default
@@ -215,6 +236,7 @@ def run_optimizer(settings: MethodSettings, X: torch.Tensor, steps: int, lr: flo
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, steps, lr)
             opt.step()
+            check_rows_alive(param.detach(), step)
             on_step(step, value)
         out = param.detach()
         return out / torch.linalg.vector_norm(out, dim=1, keepdim=True)
@@ -229,6 +251,7 @@ def run_optimizer(settings: MethodSettings, X: torch.Tensor, steps: int, lr: flo
             value, grad = log_power_objective(X, q, backend, precision)
             value = reported(value, X, q, step)
         opt.step(grad, lr_at(step, steps, lr))
+        check_rows_alive(X, step)
         on_step(step, value)
     return X
 
@@ -268,6 +291,7 @@ def polish(X: torch.Tensor, steps: int, on_step: Optional[Callable[[int, float],
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
+    steps = val.check_int(steps, "polish_steps", 0)
     X = X.detach().to("cpu", torch.float64)
     X = X / torch.linalg.vector_norm(X, dim=1, keepdim=True)
     k, d = X.shape

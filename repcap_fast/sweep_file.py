@@ -1,17 +1,26 @@
 """Sweep files of the packing simulation: one record per (k, d) cell, as JSON (with a format tag)
-or CSV, rewritten atomically after each cell; the part files of a sweep across ranks.
+or CSV, rewritten atomically after each cell; the part files of a sweep across ranks; the lock
+that keeps two sweeps from writing one file at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import json
 import math
 import os
-from typing import List, Sequence, Tuple
+import warnings
+from typing import Iterator, List, Sequence, Tuple
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: sweeps there take no lock
+    fcntl = None
 
 from ._backends import PENALTY_PRECISIONS
+from ._validation import ArgumentTypeError, check_int
 from .packing_methods import METHODS
 
 SWEEP_FORMAT = "repcap_fast.packing.sweep/3"
@@ -48,6 +57,10 @@ def _upgrade(cell):
 _INT_FIELDS = {"k": 1, "d": 1, "steps": 1, "p_start": 1, "p": 1, "polish_steps": 0, "seed": 0}  # least values
 _STR_FIELDS = ("method", "dtype", "precision")
 _FLOAT_FIELDS = tuple(f for f in CELL_FIELDS if f not in _INT_FIELDS and f not in _STR_FIELDS)  # or None
+# Maxima of |cosines|, in [0, 1] (up to the float32 rounding of a cosine: a few ulps above 1), or NaN/null.
+_UNIT_FIELDS = ("eps_star", "eps_star_init", "welch")
+_UNIT_SLACK = 1e-5
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, as some editors save: read past, never written
 
 
 _MAX_INT = 2**63 - 1  # seeds reach it; k, d, steps and p far below (floats hold them for the fit)
@@ -86,6 +99,11 @@ def _check_cell(path: str, label: str, cell) -> dict:
         value = cell[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ValueError(f"{where}: {key} is {str(value)[:40]!r}, not a number")
+    for key in _UNIT_FIELDS:  # a hand-edited 1.5 would be kept on resume and fitted
+        value = cell[key]
+        if value is not None and not math.isnan(value) and not 0.0 <= value <= 1.0 + _UNIT_SLACK:
+            raise ValueError(f"{where}: {key} is {value!r}, not in [0, 1] (a maximum of |cosines|); remove the cell "
+                             "or correct it")
     return cell
 
 
@@ -152,6 +170,8 @@ def is_sweep_file(path: str) -> bool:
             head = f.read(4096)
     except OSError:
         return False
+    if head.startswith(_BOM):
+        head = head[len(_BOM) :]
     if path.endswith(".csv"):
         return head.split(b"\n", 1)[0].rstrip(b"\r") in tuple(",".join(fields).encode() for fields in _CSV_HEADERS)
     return head.lstrip().startswith(b"{") and any(f'"format": "{tag}"'.encode() in head
@@ -174,7 +194,7 @@ def _parse_csv_value(path: str, line: int, key: str, value):
 
 def _read_csv(path: str) -> List[dict]:
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # a BOM is read past
             reader = csv.DictReader(f)
             fields = tuple(reader.fieldnames or ())
             if fields not in _CSV_HEADERS:
@@ -198,7 +218,7 @@ def _read_json(path: str) -> List[dict]:
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8-sig"))  # a BOM is read past
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}): not a sweep file") from exc
     except (ValueError, RecursionError) as exc:  # json.JSONDecodeError; too deeply nested
@@ -246,6 +266,74 @@ def write_cells(path: str, cells: List[dict]) -> None:
             json.dump({"format": SWEEP_FORMAT, "cells": cells}, f, indent=1)
             f.write("\n")
     os.replace(tmp, path)
+
+
+def lock_file(out: str) -> str:
+    return f"{out}.lock"
+
+
+@contextlib.contextmanager
+def sweep_lock(out: str) -> Iterator[None]:
+    """Holds an exclusive lock on the sweep file `out` (flock on `out.lock`, created here and
+    removed on exit) for the body, or raises ValueError at once when another process holds it: two
+    sweeps writing one file would each rewrite it from their own cells, and lose the other's. The
+    lock dies with its process (a killed sweep leaves none behind). Where flock is unavailable
+    (Windows, some network file systems) the sweep runs without it, with a warning for the latter."""
+    out = os.fspath(out)
+    path = lock_file(out)
+    if fcntl is None:
+        yield
+        return
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(f"{out}: another sweep is writing it (it holds {path}); two sweeps on one file would "
+                             "lose each other's cells: wait for that sweep to finish (then resume), or pick another "
+                             "file") from None
+        except OSError as exc:  # ENOLCK, EOPNOTSUPP: a file system without locks
+            os.close(fd)
+            warnings.warn(f"{out}: cannot lock {path} ({exc.strerror}); running without the lock: do not run another "
+                          "sweep on this file at the same time", RuntimeWarning, stacklevel=3)
+            fd = None
+            break
+        try:  # the holder before us may have removed the file we opened: lock the one at `path`
+            here, there = os.fstat(fd), os.stat(path)
+            if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    if fd is None:
+        yield
+        return
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())  # who holds it, for a person who finds the file
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)  # while still holding the lock: a waiter that opened it sees another inode, retries
+        os.close(fd)
+
+
+def grid_values(values, name: str, least: int) -> List[int]:
+    """ks or ds: ints (Python, numpy or torch) >= least, order kept, repeats dropped."""
+    if isinstance(values, (str, bytes)) or (getattr(values, "ndim", None) == 0):
+        raise ArgumentTypeError(f"{name} must be a list of ints, got {type(values).__name__} {values!r}")
+    try:
+        items = list(values)
+    except TypeError:
+        raise ArgumentTypeError(f"{name} must be a list of ints, got {type(values).__name__} {values!r}") from None
+    return list(dict.fromkeys(check_int(v, name, least) for v in items))
+
+
+def grid_order(cells: dict, grid: List) -> List[dict]:
+    """The cells {(k, d): record} in grid order, then those of other grids (kept, never dropped)."""
+    keys = set(grid)
+    return [cells[c] for c in grid if c in cells] + [c for key, c in cells.items() if key not in keys]
 
 
 def part_file(out: str, rank: int) -> str:

@@ -245,7 +245,8 @@ def gram_offdiag_penalty_block(X: torch.Tensor, row_start: int, row_stop: int, p
     `packing.optimize` splits a step across ranks."""
     inputs = _check_inputs(X, p, True, backend, precision)
     k = inputs.x.shape[0]
-    if not (isinstance(row_start, int) and isinstance(row_stop, int) and 0 <= row_start < row_stop <= k):
+    row_start, row_stop = val.as_int(row_start, "row_start"), val.as_int(row_stop, "row_stop")  # numpy, torch ints
+    if not 0 <= row_start < row_stop <= k:
         raise ValueError(f"rows must satisfy 0 <= row_start < row_stop <= k = {k}, got [{row_start}, {row_stop})")
     row_max, row_sum, grad_dir = _gram_offdiag_penalty(inputs, row_start, row_stop, True)
     loss = _row_losses(row_max, row_sum, inputs.p).sum()
