@@ -19,9 +19,11 @@ from . import _validation as val
 from . import capacity, distributed, fitting, packing, plotting
 from ._backends import BACKENDS, PENALTY_PRECISIONS, PRECISIONS, BackendUnavailableError, info
 from ._deprecated import moved_names
+from ._outputs import check_no_clobber, check_plot_suffix
 from ._validation import DTYPE_NAMES
 from ._version import __version__
-from .models import DEFAULT_MODEL, INITS, LAST_LAYER_POINTS, load_embeddings
+from .models import DEFAULT_MODEL, INITS, LAST_LAYER_POINTS, load_embeddings, resolve_source
+from .models.casting import cast
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
 from .report import CONTROLS, ReportSettings, run_pga_survey, run_report, run_survey
@@ -36,14 +38,30 @@ def _fmt_k(k: float) -> str:
     return "inf" if not np.isfinite(k) else f"{k:.4g}"
 
 
-def _check_outputs(args, *files) -> None:
+def _check_outputs(args, *files, inputs=(), extra=()) -> None:
     """The command's output files (--json, --plot), checked and normalized before any work:
     folders created, writable, not a folder; a --plot without a suffix gets .png (the file
-    written and printed)."""
+    written and printed), and its suffix must be a format matplotlib writes; no output may be
+    an input of the run (`inputs`: (name, path) pairs) or another output (`extra`: more output
+    paths, e.g. one plot per fit form, as (name, function of the checked args))."""
     for attr in files:
         path = getattr(args, attr, None)
         if path is not None:
             setattr(args, attr, val.check_output_file(path, f"--{attr}", ".png" if attr == "plot" else None))
+            if attr == "plot":
+                check_plot_suffix(args.plot)
+    outputs = [(f"--{attr}", getattr(args, attr, None)) for attr in files]
+    outputs += [(name, make(args)) for name, make in extra]
+    check_no_clobber([(name, path) for name, path in outputs if path is not None], inputs)
+
+
+def _source_path(source):
+    """The file or folder a SOURCE names (None for a source that does not resolve: the load
+    reports that)."""
+    try:
+        return resolve_source(source).path
+    except (ValueError, OSError):
+        return None
 
 
 def _check_device_arg(args) -> None:
@@ -57,13 +75,16 @@ def _cmd_epsilon(args) -> int:
                          precision=args.precision)
     if not math.isfinite(args.k_sigma):
         raise ValueError(f"--k-sigma must be finite, got {args.k_sigma}")
-    _check_outputs(args, "json", "plot")
+    _check_outputs(args, "json", "plot", inputs=[("the source", _source_path(args.source))])
     t0 = time.perf_counter()
     emb = load_embeddings(args.source, which=args.which, tensor=args.tensor, n_rows=args.n_rows)
     a = emb.input if args.which == "input" else emb.output
     tensor_name = emb.input_name if args.which == "input" or emb.tied else emb.output_name
-    if args.dtype:
-        a = a.to(DTYPE_NAMES[args.dtype])
+    # every file the load opened (a shard, a tokenizer) is an input too: checked before writing
+    check_no_clobber([("--json", args.json), ("--plot", args.plot)],
+                     [("a file of the source", f) for f in emb.files_opened])
+    if args.dtype:  # a value beyond the dtype's range is an error naming the cast, not a later "NaN/Inf"
+        a = cast(a, DTYPE_NAMES[args.dtype], f"the matrix {tensor_name or emb.source!s}")
     if args.device:
         a = a.to(args.device)
     load_s = time.perf_counter() - t0
@@ -85,7 +106,7 @@ def _cmd_epsilon(args) -> int:
     if emb.tied is not None:
         print(f"tied        {emb.tied}: {emb.tied_reason}")
     if emb.padded_rows:
-        print(f"padding     {emb.padded_rows} rows beyond the tokenizer's {emb.tokenizer_size} tokens "
+        print(f"padding     {emb.padded_rows} rows beyond the tokenizer's ids (0..{emb.tokenizer_size - 1}) "
               f"({'dropped' if emb.rows_kept <= emb.tokenizer_size else 'kept; --n-rows tokenizer drops them'})")
     print(f"matrix      {v} x {d}  {str(a.dtype).replace('torch.', '')}  on {a.device}"
           + (f"  (dropped {stats.dropped_rows_a} zero rows)" if stats.dropped_rows_a else ""))
@@ -209,10 +230,18 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
+def _fit_plot_paths(plot: str, forms) -> dict:
+    """form → the PNG `repcap fit --plot` writes for it (one file, or one per form)."""
+    root, ext = os.path.splitext(plot)
+    return {form: plot if len(forms) == 1 else f"{root}_{form}{ext}" for form in forms}
+
+
 def _cmd_fit(args) -> int:
-    _check_outputs(args, "json", "plot")
-    cells = packing.load_cells(args.results)
     forms = list(fitting.FIT_FORMS) if args.form == "all" else [args.form]
+    _check_outputs(args, "json", "plot", inputs=[("the results file", args.results)],
+                   extra=[(f"--plot ({form})", lambda a, f=form: a.plot and _fit_plot_paths(a.plot, forms)[f])
+                          for form in forms if len(forms) > 1])
+    cells = packing.load_cells(args.results)
     fits = {}
     for form in forms:
         res = fitting.fit(cells, form, eps_key=args.eps_key)
@@ -220,10 +249,9 @@ def _cmd_fit(args) -> int:
         params = ", ".join(f"{k}={v:.6g}" for k, v in res.params.items())
         print(f"{form:<9} {params:<60} R2={res.r2:.5f} MAPE={res.mape:.3f}% NRMSE={res.nrmse:.3f}% "
               f"max_err={res.max_error:.4g} (n={len(res.eps)}, excluded {len(res.excluded)}; packing method "
-              f"{res.method or 'not recorded'})")
+              f"{res.method or 'not recorded'})" + (f"  AT BOUND: {', '.join(res.at_bounds)}" if res.at_bounds else ""))
         if args.plot:
-            root, ext = os.path.splitext(args.plot)
-            path = args.plot if len(forms) == 1 else f"{root}_{form}{ext}"
+            path = _fit_plot_paths(args.plot, forms)[form]
             res.plot(path)
             print(f"wrote       {path}")
     if args.json:

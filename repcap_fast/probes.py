@@ -38,15 +38,51 @@ def read_labelled(path: str, text_key: str = "text", label_key: str = "label") -
         raise ValueError(f"probe file {path!r}: expected a .jsonl file (one JSON object per line with "
                          f"{text_key!r} and {label_key!r})")
     texts, labels = [], []
-    for i, obj in jsonl_objects(path):
-        if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str) or not obj[text_key].strip():
-            raise ValueError(f"{path}:{i}: expected an object with a non-empty string field {text_key!r}")
-        label = obj.get(label_key)
-        if not isinstance(label, (str, int, bool)):
-            raise ValueError(f"{path}:{i}: expected a label field {label_key!r} (a string, int or bool), got "
-                             f"{json.dumps(label)[:40]}")
-        texts.append(obj[text_key])
-        labels.append(label)
+    try:
+        for i, obj in jsonl_objects(path):
+            if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str) or not obj[text_key].strip():
+                raise ValueError(f"{path}:{i}: expected an object with a non-empty string field {text_key!r}")
+            label = obj.get(label_key)
+            if not isinstance(label, (str, int, bool)):
+                raise ValueError(f"{path}:{i}: expected a label field {label_key!r} (a string, int or bool), got "
+                                 f"{json.dumps(label)[:40]}")
+            texts.append(obj[text_key])
+            labels.append(label)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"probe file {path!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as "
+                         "UTF-8") from None
+    if not texts:
+        raise ValueError(f"probe file {path!r} holds no labelled texts")
+    return texts, labels
+
+
+def check_labels(labels: Sequence, folds: int, where: str = "y") -> None:
+    """Labels a `folds`-fold stratified probe can use: at least two different labels, and each
+    label at least `folds` times (every fold needs each label)."""
+    counts = Counter(str(v) for v in labels)
+    if len(counts) < 2:
+        raise ValueError(f"{where}: probes need at least two different labels, got only {sorted(counts)}")
+    fewest = min(counts.values())
+    if fewest < folds:
+        raise ValueError(f"{where}: folds={folds}, but label {min(counts, key=counts.get)!r} has only {fewest} texts: "
+                         "every fold needs each label; pass fewer folds or more texts")
+
+
+def _import_sklearn() -> None:
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        raise ImportError("probes need scikit-learn: `pip install 'repcap_fast[probe]'` (or scikit-learn)") from None
+
+
+def check_probe_file(path: str, folds: int = 5, text_key: str = "text", label_key: str = "label"):
+    """Everything about a probe run that needs no model, checked before any work: scikit-learn is
+    installed, the file is UTF-8 JSON lines with a text and a label on every line, it has two
+    labels or more, and each label has at least `folds` texts. Returns (texts, labels)."""
+    _import_sklearn()
+    folds = val.check_int(folds, "folds", 2)
+    texts, labels = read_labelled(path, text_key, label_key)
+    check_labels(labels, folds, f"probe file {path!r}")
     return texts, labels
 
 
@@ -106,13 +142,8 @@ def probe_accuracy(X, y: Sequence, *, folds: int = 5, seed: int = 0, C: float = 
     labels = np.asarray([str(v) for v in y])
     if x.ndim != 2 or x.shape[0] != len(labels):
         raise ValueError(f"X must be (n_texts × d) with one row per label: got {x.shape} for {len(labels)} labels")
+    check_labels(labels.tolist(), folds)
     counts = Counter(labels.tolist())
-    if len(counts) < 2:
-        raise ValueError(f"probes need at least two different labels, got only {sorted(counts)}")
-    fewest = min(counts.values())
-    if fewest < folds:
-        raise ValueError(f"folds={folds}, but label {min(counts, key=counts.get)!r} has only {fewest} texts: every "
-                         f"fold needs each label; pass fewer folds or more texts")
     probe = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=5000))
     scores = cross_val_score(probe, x, labels, cv=StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed))
     return {"accuracy": float(scores.mean()), "std": float(scores.std(ddof=1)), "folds": scores.tolist(),
@@ -126,7 +157,7 @@ def probe_profile(source, path: str, *, layers="all", folds: int = 5, seed: int 
     """Probe accuracy per layer on the labelled texts of a JSON-lines file (`read_labelled`), for
     the report: {file, n_texts, labels (counts), folds, seed, pooling, classifier, layers: [{layer,
     accuracy, std, folds, chance}]}."""
-    texts, labels = read_labelled(path, text_key, label_key)
+    texts, labels = check_probe_file(path, folds, text_key, label_key)  # before the model runs
     reps = text_representations(source, texts, layers, pooling=pooling, max_tokens=max_tokens, batch_size=batch_size,
                                 tokenizer=tokenizer, last_layer=last_layer, progress=progress, dtype=dtype,
                                 device=device)

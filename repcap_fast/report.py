@@ -32,12 +32,14 @@ from . import _validation as val
 from . import capacity, plotting
 from ._backends import BACKENDS, check_precision, info, resolve_backend
 from ._deprecated import moved_names
+from ._outputs import StagedFolder, check_no_clobber, remove_stale, write_json_atomic
 from .geometry import readout_basis
 from .models import (
     INITS,
     LAST_LAYER_POINTS,
     HiddenStates,
     NoUnembeddingError,
+    check_embeddings,
     check_layers,
     hidden_states,
     in_memory_source,
@@ -46,13 +48,12 @@ from .models import (
     load_embeddings,
     open_model,
     read_texts,
-    resolve_source,
     runnable,
 )
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
 from .pga import cross_model_agreement, pga_profile
-from .probes import probe_profile
+from .probes import check_probe_file, probe_profile
 from .spectral import spectral_metrics
 
 REPORT_SECTIONS = ("provenance", "model", "epsilon", "hidden_states", "pga", "spectral")
@@ -92,6 +93,7 @@ def epsilon_analysis(matrix: torch.Tensor, *, bins: int = 4096, k_sigma: float =
     """Streamed statistics (kernel 1) and exact moments (Gram identity) of one V×d matrix, with its
     class and capacity table. zero_rows: "error", or "drop" (counted in the result); precision: the
     streamed kernel's (the exact moments are float64). Returns (dict, CosineStats)."""
+    k_sigma = val.as_real(k_sigma, "k_sigma")  # before the pass
     t0 = time.perf_counter()
     stats = pairwise_cosine_stats(matrix, bins=bins, backend=backend, zero_rows=zero_rows, precision=precision,
                                   progress=None if progress else False)
@@ -121,6 +123,7 @@ def embedding_vs_unembedding(E: torch.Tensor, U: torch.Tensor, *, bins: int = 40
                              progress: bool = True) -> Dict:
     """For untied models: cos(E_i, U_i) of each token's own two rows, and all V×V pairs cos(E_i, U_j).
     Tokens with a zero row in E or U have no cosine: an error, or with zero_rows="drop" left out."""
+    k_sigma = val.as_real(k_sigma, "k_sigma")
     norms_e, norms_u = val.row_norms(E, "E"), val.row_norms(U, "U")
     nonzero = (norms_e > 0) & (norms_u > 0)
     if not bool(nonzero.all()) and zero_rows != "drop":
@@ -249,11 +252,17 @@ class ReportSettings:
         val.check_choice(self.init, "init", INITS)
         val.check_choice(self.last_layer, "last_layer", LAST_LAYER_POINTS)
         object.__setattr__(self, "k", val.check_int(self.k, "k", 1))
-        object.__setattr__(self, "ccrs", tuple(val.check_int(c, "ccrs", 0) for c in self.ccrs))
+        ccrs = self.ccrs
+        if isinstance(ccrs, (str, bytes)) or not hasattr(ccrs, "__iter__") or \
+                isinstance(ccrs, torch.Tensor) and ccrs.dim() == 0:
+            ccrs = (ccrs,)  # one CCR variant, e.g. ccrs=1 (a string is refused by check_int)
+        object.__setattr__(self, "ccrs", tuple(val.check_int(c, "ccrs", 0) for c in ccrs))
         if not self.ccrs or len(set(self.ccrs)) != len(self.ccrs):
             raise ValueError(f"ccrs must name at least one CCR variant, each once, got {self.ccrs}")
-        if not math.isfinite(float(self.k_sigma)):
-            raise ValueError(f"k_sigma must be finite, got {self.k_sigma}")
+        if max(self.ccrs) >= self.n_tokens:  # CCR-m needs m < min(N, d); d is checked once the model is known
+            raise ValueError(f"ccrs: CCR-{max(self.ccrs)} removes {max(self.ccrs)} principal components, which "
+                             f"needs more than that many tokens: n_tokens is {self.n_tokens}")
+        object.__setattr__(self, "k_sigma", val.as_real(self.k_sigma, "k_sigma"))
         if self.device is not None:  # None: the device is known once the source is (run_report checks it then)
             device = val.check_device(self.device)
             check_stats_settings(device, self.bins, zero_rows=self.zero_rows, backend=self.backend,
@@ -264,10 +273,15 @@ class ReportSettings:
             check_stats_settings("cpu", self.bins, zero_rows=self.zero_rows, precision=self.precision)
             if self.backend not in ("auto",) + BACKENDS:
                 raise ValueError(f"backend must be one of {('auto',) + BACKENDS}, got {self.backend!r}")
-        if isinstance(self.layers, np.integer):
-            object.__setattr__(self, "layers", int(self.layers))
-        elif not isinstance(self.layers, (str, int)):
-            object.__setattr__(self, "layers", tuple(int(x) if isinstance(x, np.integer) else x for x in self.layers))
+        if self.layers is None:
+            object.__setattr__(self, "layers", "all")
+        elif isinstance(self.layers, str):
+            if self.layers != "all":
+                raise ValueError(f"layers must be 'all', an int or a list of ints, got {self.layers!r}")
+        elif not hasattr(self.layers, "__iter__") or isinstance(self.layers, torch.Tensor) and self.layers.dim() == 0:
+            object.__setattr__(self, "layers", val.as_int(self.layers, "layers"))
+        else:
+            object.__setattr__(self, "layers", tuple(val.as_int(x, "layers") for x in self.layers))
         if self.text_file is not None and not os.path.isfile(self.text_file):
             raise FileNotFoundError(f"text_file {self.text_file!r} does not exist")
         object.__setattr__(self, "probe_folds", val.check_int(self.probe_folds, "probe_folds", 2))
@@ -285,6 +299,19 @@ class ReportSettings:
 
 
 _SETTING_NAMES = {f.name for f in dataclasses.fields(ReportSettings)}
+
+# Every file a report (or a control report) writes at the top of its folder: a new report
+# replaces all of them, so none of an earlier run's files is left beside it (StagedFolder).
+REPORT_FILES = ("report.json", "report.md", "cosine_histogram.png", "pga_profile.png", "spectral.png", "probe.png",
+                "pga_control.png")
+SURVEY_FILES = ("survey.json", "survey.md", "epsilon_vs_d.png", "pga_heatmap.png", "pga_depth.png")
+
+
+def _report_inputs(source, settings: ReportSettings) -> List[Tuple[str, Optional[str]]]:
+    """The files a report reads, for `check_no_clobber`: the source (when it is a path), the text
+    file and the probe file."""
+    return [("the source", source if isinstance(source, (str, os.PathLike)) else None),
+            ("text_file", settings.text_file), ("probe_file", settings.probe_file)]
 
 
 def run_report(source=None, out: str = "repcap_report", settings: Optional[ReportSettings] = None, *,
@@ -308,8 +335,14 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
     `run_pga_survey`.)
 
     Arguments are checked against the model's config before any heavy work; the hidden states
-    (where a text that is too short shows) run before the V² pass of ε. If a stage fails, report.json
-    is still written with the stages that finished and the error, and the error is raised."""
+    (where a text that is too short shows) run before the V² pass of ε; the probe file (labels,
+    folds, UTF-8) and the CCR variants (against n_tokens and d_model) are checked before the
+    hidden states. No output may be an input (the source, text or probe file). Every file is
+    written into a staging folder and moved into OUT at the end, replacing all of an earlier
+    run's report files (`REPORT_FILES`; other files in OUT are never touched). If a stage fails
+    (or the run is interrupted), report.json is still written with the stages that finished,
+    "complete": false and the error, no earlier report.md or plot is left beside it, and the
+    error is raised."""
     settings = _with_legacy(settings or ReportSettings(), legacy)
     if control is not None:
         val.check_choice(control, "control", CONTROLS)
@@ -318,6 +351,13 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
     out = val.check_output_folder(out, "out")  # created and writable before any work
     if texts is not None and token_ids is not None:
         raise ValueError("pass texts or token_ids, not both")
+    if (texts is not None or token_ids is not None) and settings.text_file is not None:
+        raise ValueError(f"pass {'texts' if texts is not None else 'token_ids'} or settings.text_file "
+                         f"({settings.text_file!r}), not both: the report would sample only one of them")
+    check_no_clobber([(f"out/{name}", os.path.join(out, name)) for name in REPORT_FILES],
+                     _report_inputs(source, settings))
+    if settings.probe_file is not None:  # the labels, folds and scikit-learn, before the model loads
+        check_probe_file(settings.probe_file, settings.probe_folds)
     if texts is None and token_ids is None and settings.text_file is not None:
         texts = read_texts(settings.text_file, jsonl_key=settings.jsonl_key)
         text_name = text_name or os.path.basename(settings.text_file)
@@ -331,6 +371,7 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
     plots: Dict[str, str] = {}
     t_all = time.perf_counter()
     s = settings
+    staged = StagedFolder(out, REPORT_FILES)  # out gets exactly this run's files at the end, even on failure
 
     def finish(error: Optional[BaseException] = None) -> Dict:
         seconds["total"] = time.perf_counter() - t_all
@@ -338,12 +379,14 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
         report["provenance"]["plots"] = plots
         if error is not None:
             report["error"] = f"{type(error).__name__}: {error}"
+            report["complete"] = False
         cleaned = _clean(report)
-        with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as fh:
+        with open(staged.path("report.json"), "w", encoding="utf-8") as fh:
             json.dump(cleaned, fh, indent=1, allow_nan=False)
         if error is None:
-            with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as fh:
+            with open(staged.path("report.md"), "w", encoding="utf-8") as fh:
                 fh.write(report_markdown(cleaned))
+        staged.publish()
         return cleaned
 
     try:
@@ -379,6 +422,9 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
         keep_layers = None
         if skip is None:
             val.check_k(s.k, emb.d_model)
+            if max(s.ccrs) >= emb.d_model:
+                raise ValueError(f"ccrs: CCR-{max(s.ccrs)} needs ccr < d_model, and this model has d_model = "
+                                 f"{emb.d_model}")
             n_layers = layer_count(emb.config)
             if n_layers is not None:
                 keep_layers = check_layers(s.layers, n_layers)
@@ -414,7 +460,7 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
                                    else "no unembedding in this source")
         report["epsilon"] = eps_section
         plots["cosine_histogram"] = "cosine_histogram.png"
-        plotting.plot_cosine_histograms(curves, os.path.join(out, plots["cosine_histogram"]),
+        plotting.plot_cosine_histograms(curves, staged.path(plots["cosine_histogram"]),
                                         f"{emb.source}: {emb.rows_kept}×{emb.d_model}", s.k_sigma)
         seconds["epsilon"] = time.perf_counter() - t0
         log(f"   ε = {eps_in['epsilon']:.6f} (exact {eps_in['exact']['epsilon']:.6f}) · {eps_in['class_description']}")
@@ -444,7 +490,7 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
                              "readout_solver": readout.solver, "last_layer": states.meta["last_layer"],
                              "profile": profile}
             plots["pga_profile"] = "pga_profile.png"
-            plotting.plot_pga_profile(profile, os.path.join(out, plots["pga_profile"]),
+            plotting.plot_pga_profile(profile, staged.path(plots["pga_profile"]),
                                       f"{emb.source}: Subspace PGA, k={s.k}, {s.n_null} nulls, {s.n_tokens} tokens")
             seconds["pga"] = time.perf_counter() - t0
 
@@ -452,7 +498,7 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
             spectral = spectral_profile(states, basis)
             report["spectral"] = {"m_directions": 10, "k": s.k, "layers": spectral}
             plots["spectral"] = "spectral.png"
-            plotting.plot_spectral(spectral, os.path.join(out, plots["spectral"]), f"{emb.source}: spectra per layer")
+            plotting.plot_spectral(spectral, staged.path(plots["spectral"]), f"{emb.source}: spectra per layer")
             seconds["spectral"] = time.perf_counter() - t0
 
             if s.probe_file is not None:
@@ -462,7 +508,7 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
                                                 progress=progress, dtype=None if model is not None else s.dtype,
                                                 device=None if model is not None else s.device)
                 plots["probe"] = "probe.png"
-                plotting.plot_probe(report["probe"], profile, os.path.join(out, plots["probe"]),
+                plotting.plot_probe(report["probe"], profile, staged.path(plots["probe"]),
                                     f"{emb.source}: linear probes and Subspace PGA")
                 seconds["probe"] = time.perf_counter() - t0
     except BaseException as exc:
@@ -491,27 +537,39 @@ def run_control_report(source=None, out: str = "repcap_report", settings: Option
         raise ValueError(f"a control report analyses the weights and a random init of them: settings.init must be "
                          f"'trained', got {settings.init!r}")
     out = val.check_output_folder(out, "out")
+    check_no_clobber([(f"out/{name}", os.path.join(out, name)) for name in REPORT_FILES],
+                     _report_inputs(source, settings))
     t0 = time.perf_counter()
     reports = {}
-    for name, init in (("trained", "trained"), ("random_init", "random")):
-        log(f"=== {name.replace('_', ' ')}")
-        reports[name] = run_report(source, os.path.join(out, name), dataclasses.replace(settings, init=init),
-                                   progress=progress, log=log, command=command, **kwargs)
-    doc = {"provenance": _provenance(command, {"source": _source_label(source), **settings.to_dict(),
-                                               "control": "random"}),
-           "reports": {name: f"{name}/report.json" for name in reports}, **reports}
+    provenance = _provenance(command, {"source": _source_label(source), **settings.to_dict(), "control": "random"})
+    staged = StagedFolder(out, REPORT_FILES)  # the comparison replaces every file of an earlier run in out
+    try:
+        for name, init in (("trained", "trained"), ("random_init", "random")):
+            log(f"=== {name.replace('_', ' ')}")
+            reports[name] = run_report(source, os.path.join(out, name), dataclasses.replace(settings, init=init),
+                                       progress=progress, log=log, command=command, **kwargs)
+    except BaseException as exc:  # out/report.json says which analysis failed; no earlier comparison stays
+        provenance["seconds"] = {"total": time.perf_counter() - t0}
+        with open(staged.path("report.json"), "w", encoding="utf-8") as fh:
+            json.dump(_clean({"provenance": provenance, "complete": False, "error": f"{type(exc).__name__}: {exc}",
+                              "reports": {name: f"{name}/report.json" for name in ("trained", "random_init")},
+                              **reports}), fh, indent=1, allow_nan=False)
+        staged.publish()
+        raise
+    doc = {"provenance": provenance, "reports": {name: f"{name}/report.json" for name in reports}, **reports}
     doc["comparison"] = _control_comparison(reports["trained"], reports["random_init"])
     doc["provenance"]["seconds"] = {"total": time.perf_counter() - t0}
     doc = _clean(doc)
-    with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as fh:
+    with open(staged.path("report.json"), "w", encoding="utf-8") as fh:
         json.dump(doc, fh, indent=1, allow_nan=False)
     if doc["comparison"]["pga"]:
         plotting.plot_pga_control({"trained": reports["trained"]["pga"]["profile"],
                                    f"random init (seed {settings.seed})": reports["random_init"]["pga"]["profile"]},
-                                  os.path.join(out, "pga_control.png"),
+                                  staged.path("pga_control.png"),
                                   f"{doc['trained']['model']['source']}: trained vs random init, Subspace PGA")
-    with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as fh:
+    with open(staged.path("report.md"), "w", encoding="utf-8") as fh:
         fh.write(control_markdown(doc))
+    staged.publish()
     log(f"== wrote {out}/report.json, report.md and pga_control.png (each analysis in {out}/trained and "
         f"{out}/random_init)")
     return doc
@@ -605,7 +663,7 @@ def report_markdown(report: Dict) -> str:
              f"- input embedding `{m['input_name']}`: {m['vocab_rows']} rows × {inp['shape'][1]}, {inp['dtype']}; "
              f"{inp['rows_used']} rows analysed"
              + (f" ({inp['zero_rows_dropped']} zero rows dropped)" if inp.get("zero_rows_dropped") else "")
-             + (f"; the tokenizer has {m['tokenizer_size']} tokens, so {m['padded_rows']} rows are padding"
+             + (f"; the tokenizer's ids fill {m['tokenizer_size']} rows, so {m['padded_rows']} rows are padding"
                 + (" (dropped)" if m["padded_rows"] and m["rows_kept"] <= m["tokenizer_size"] else
                    " (kept; --n-rows tokenizer drops them)" if m["padded_rows"] else "")
                 if m["tokenizer_size"] else ""),
@@ -694,20 +752,27 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
                log=print, command: Optional[List[str]] = None) -> Dict:
     """Several models side by side, like the paper's table: d_model, ε, class, capacity; and the
     plot of ε against d_model. A source is a path, repo id or alias, or a model in memory (its
-    input embedding; an SAE's W_dec). Writes OUT/survey.json, OUT/survey.md and OUT/epsilon_vs_d.png."""
+    input embedding; an SAE's W_dec). Writes OUT/survey.json, OUT/survey.md and OUT/epsilon_vs_d.png.
+    Every source's header and tensor names are checked before the first ε pass; an earlier
+    survey's files are removed at the start, and survey.json is rewritten as each model finishes
+    ("complete": false with the models done and those "pending", then "complete": true)."""
     if not sources:
         raise ValueError("survey needs at least one SOURCE")
     # every argument and every source checked before the first model loads
     check_stats_settings(val.check_device(device), bins, zero_rows=zero_rows, backend=backend)
-    if not math.isfinite(float(k_sigma)):
-        raise ValueError(f"k_sigma must be finite, got {k_sigma}")
+    k_sigma = val.as_real(k_sigma, "k_sigma")
     sources = [in_memory_source(source) if is_in_memory(source) else source for source in sources]
-    for source in sources:
+    for source in sources:  # every source's header and tensor names, before the first ε pass
         if not is_in_memory(source):
-            resolve_source(source)
+            check_embeddings(source, which="input", n_rows=n_rows)
     out = val.check_output_folder(out, "out")
+    check_no_clobber([(f"out/{name}", os.path.join(out, name)) for name in SURVEY_FILES],
+                     [(f"source {s!r}", s if isinstance(s, (str, os.PathLike)) else None) for s in sources])
+    remove_stale(out, SURVEY_FILES)  # survey.json is rewritten as each model finishes
+    settings_doc = {"sources": [_source_label(s) for s in sources], "bins": bins, "k_sigma": k_sigma,
+                    "n_rows": n_rows, "zero_rows": zero_rows}
     rows = []
-    for source in sources:
+    for i, source in enumerate(sources):
         t0 = _stage(_source_label(source), log)
         emb = load_embeddings(source, which="input", n_rows=n_rows, device=device)
         eps, _ = epsilon_analysis(emb.input, bins=bins, k_sigma=k_sigma, backend=backend, zero_rows=zero_rows,
@@ -724,11 +789,12 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
                      "welch_floor_vocab": eps["capacity"].get("welch_floor_vocab"),
                      "model": emb.to_dict(), "seconds": time.perf_counter() - t0})
         log(f"   d={emb.d_model} ε={eps['epsilon']:.4f} {eps['class_description']}")
-    doc = _clean({"provenance": _provenance(command, {"sources": [_source_label(s) for s in sources], "bins": bins,
-                                                       "k_sigma": k_sigma, "n_rows": n_rows,
-                                                       "zero_rows": zero_rows}), "models": rows})
-    with open(os.path.join(out, "survey.json"), "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1, allow_nan=False)
+        if i + 1 < len(sources):  # partial results, marked as such, as each model finishes
+            write_json_atomic(os.path.join(out, "survey.json"), _clean({
+                "provenance": _provenance(command, settings_doc), "complete": False,
+                "pending": [_source_label(s) for s in sources[i + 1:]], "models": rows}), indent=1, allow_nan=False)
+    doc = _clean({"provenance": _provenance(command, settings_doc), "complete": True, "models": rows})
+    write_json_atomic(os.path.join(out, "survey.json"), doc, indent=1, allow_nan=False)
     md = ["# repcap survey", "", "| model | d_model | V | ε | class | capacity (full form) |",
           "|---|---|---|---|---|---|"]
     for r in doc["models"]:
@@ -772,10 +838,16 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
     settings = settings or ReportSettings()
     agreement_null = val.check_n_null(agreement_null)
     sources = [in_memory_source(source) if is_in_memory(source) else source for source in sources]
-    for source in sources:  # every source checked before the first model loads
+    for source in sources:  # every source's header and tensor names checked before the first model loads
         if not is_in_memory(source):
-            resolve_source(source)
+            check_embeddings(source, which="input", n_rows=settings.n_rows)
+    if settings.probe_file is not None:
+        check_probe_file(settings.probe_file, settings.probe_folds)
     out = val.check_output_folder(out, "out")
+    check_no_clobber([(f"out/{name}", os.path.join(out, name)) for name in SURVEY_FILES],
+                     [(f"source {s!r}", s if isinstance(s, (str, os.PathLike)) else None) for s in sources]
+                     + _report_inputs(None, settings))
+    remove_stale(out, SURVEY_FILES)  # survey.json is rewritten as each model finishes
     t_all = time.perf_counter()
     runs = []
     for i, source in enumerate(sources):
@@ -786,6 +858,12 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
         rep = run_report(source, os.path.join(out, folder), settings, texts=texts, text_name=text_name,
                          token_ids=token_ids, progress=progress, log=log, command=command, _keep=keep)
         runs.append((label, folder, rep, keep))
+        if i + 1 < len(sources):  # partial results, marked as such, as each model finishes
+            write_json_atomic(os.path.join(out, "survey.json"), _clean({
+                "provenance": _provenance(command, {"sources": [_source_label(s) or "default" for s in sources],
+                                                    **settings.to_dict(), "agreement_null": agreement_null}),
+                "complete": False, "pending": [_source_label(s) or "default" for s in sources[i + 1:]],
+                "models": [_survey_row(lab, fol, r) for lab, fol, r, _ in runs]}), indent=1, allow_nan=False)
     models = [_survey_row(label, folder, rep) for label, folder, rep, _ in runs]
     agreement = []
     with_states = [(i, label, rep, keep) for i, (label, _, rep, keep) in enumerate(runs) if "states" in keep]
@@ -811,10 +889,9 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
         agreement.append({**names, "n_tokens": len(ra["hidden_states"]["token_ids"]), "layers": rows})
     doc = _clean({"provenance": _provenance(command, {"sources": [m["source"] for m in models],
                                                        **settings.to_dict(), "agreement_null": agreement_null}),
-                  "models": models, "agreement": agreement, "agreement_depths": list(AGREEMENT_DEPTHS),
-                  "seconds": time.perf_counter() - t_all})
-    with open(os.path.join(out, "survey.json"), "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1, allow_nan=False)
+                  "complete": True, "models": models, "agreement": agreement,
+                  "agreement_depths": list(AGREEMENT_DEPTHS), "seconds": time.perf_counter() - t_all})
+    write_json_atomic(os.path.join(out, "survey.json"), doc, indent=1, allow_nan=False)
     with_pga = [m for m in doc["models"] if m["z"]]
     if with_pga:
         plotting.plot_pga_survey(with_pga, os.path.join(out, "pga_heatmap.png"), os.path.join(out, "pga_depth.png"))
