@@ -99,7 +99,8 @@ class StagedFolder:
     def __init__(self, out: str, names: Iterable[str]):
         self.out = out
         self.names = tuple(names)
-        self.staging = tempfile.mkdtemp(prefix=".repcap-partial-", dir=out)
+        _remove_abandoned_staging(out)
+        self.staging = tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}-", dir=out)
 
     def path(self, name: str) -> str:
         """Where to write the output `name` (one of `names`) during the run."""
@@ -120,6 +121,38 @@ class StagedFolder:
         shutil.rmtree(self.staging, ignore_errors=True)
         return written
 
+    def discard(self) -> None:
+        """Removes the staging folder and what it holds (the previous outputs stay as they were)."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+_STAGING_PREFIX = ".repcap-partial-"
+
+
+def _remove_abandoned_staging(out: str) -> None:
+    """Removes the staging folders in `out` of runs that were killed (their process is gone); a
+    folder of a run still going (another process writing into the same OUT) is left alone."""
+    try:
+        entries = os.listdir(out)
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.startswith(_STAGING_PREFIX):
+            continue
+        pid = entry[len(_STAGING_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(out, entry), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
+
 
 def remove_stale(out: str, names: Iterable[str]) -> None:
     """Removes the files `names` of an earlier run from `out` (only those), before a run that
@@ -137,6 +170,9 @@ def write_json_atomic(path: str, doc, **dump_kw) -> None:
 
     fd, tmp = tempfile.mkstemp(prefix=".repcap-", suffix=".json.tmp", dir=os.path.dirname(os.path.abspath(path)))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would create it (mkstemp makes 0600 files)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, **dump_kw)
         os.replace(tmp, path)

@@ -44,8 +44,10 @@ def as_int(value, name: str, integral_real: bool = False) -> int:
         if value.dtype == torch.bool or value.is_complex():
             raise ArgumentTypeError(f"{name} must be an integer, got {_kind(value)}")
         value = value.detach().cpu().reshape(()).item()  # int or float, exactly
-    elif isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value[()]
+    elif isinstance(value, np.ndarray):
+        if value.size != 1:
+            raise ArgumentTypeError(f"{name} must be an integer, got an array of shape {value.shape}")
+        value = value.reshape(())[()]
     if isinstance(value, (bool, np.bool_)):
         raise ArgumentTypeError(f"{name} must be an integer, got a bool ({shown!r})")
     if isinstance(value, (int, np.integer)):
@@ -110,8 +112,10 @@ def as_real(value, name: str) -> float:
         if value.numel() != 1 or value.dtype == torch.bool or value.is_complex():
             raise ArgumentTypeError(f"{name} must be a real number, got {_kind(value)} of shape {tuple(value.shape)}")
         value = value.detach().cpu().reshape(()).item()
-    elif isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value[()]
+    elif isinstance(value, np.ndarray):
+        if value.size != 1:
+            raise ArgumentTypeError(f"{name} must be a real number, got an array of shape {value.shape}")
+        value = value.reshape(())[()]
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ArgumentTypeError(f"{name} must be a real number, got {_kind(shown)} {shown!r}")
     try:

@@ -504,9 +504,6 @@ def sweep(
     if dtype == torch.float16 or (method == "smooth-max" and precision != "highest"):
         _check_run(ks[0], ds[0], steps, p, lr, seed, device, dtype, backend, precision, method, p_start,
                    polish_steps)  # its error
-    for d in ds:  # every cell fits in memory, before any file work
-        for k in ks:
-            check_memory(k, d, dtype, val.check_device(device), name)
     out = val.check_output_file(out, "out")  # its folder created and writable before any work
     group = distributed.resolve_group(group)
     rank, world = (0, 1) if group is None else distributed.rank_and_world(group)
@@ -556,6 +553,9 @@ def _sweep_locked(ks, ds, out, want, run, resume, progress, on_cell, group, rank
     done = {(c["k"], c["d"]): c for c in existing}
     grid = [(k, d) for d in ds for k in ks]
     todo = [cell for cell in grid if cell not in done]
+    device = val.check_device(run["device"])
+    for k, d in todo:  # every cell left to run fits in memory, before the first runs (done cells need none)
+        check_memory(k, d, run["dtype"], device, resolve_backend(run["backend"], device, "gram_offdiag_penalty"))
     if group is None and parts:  # a distributed sweep was cut short: its part files join `out` now
         write_cells(out, grid_order(done, grid))
     if group is None:  # (also the temporary file of a rank killed in its first write, with no part file)

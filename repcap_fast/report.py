@@ -48,6 +48,7 @@ from .models import (
     load_embeddings,
     open_model,
     read_texts,
+    resolve_source,
     runnable,
 )
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
@@ -254,7 +255,7 @@ class ReportSettings:
         object.__setattr__(self, "k", val.check_int(self.k, "k", 1))
         ccrs = self.ccrs
         if isinstance(ccrs, (str, bytes)) or not hasattr(ccrs, "__iter__") or \
-                isinstance(ccrs, torch.Tensor) and ccrs.dim() == 0:
+                isinstance(ccrs, (torch.Tensor, np.ndarray)) and ccrs.ndim == 0:
             ccrs = (ccrs,)  # one CCR variant, e.g. ccrs=1 (a string is refused by check_int)
         object.__setattr__(self, "ccrs", tuple(val.check_int(c, "ccrs", 0) for c in ccrs))
         if not self.ccrs or len(set(self.ccrs)) != len(self.ccrs):
@@ -278,7 +279,8 @@ class ReportSettings:
         elif isinstance(self.layers, str):
             if self.layers != "all":
                 raise ValueError(f"layers must be 'all', an int or a list of ints, got {self.layers!r}")
-        elif not hasattr(self.layers, "__iter__") or isinstance(self.layers, torch.Tensor) and self.layers.dim() == 0:
+        elif not hasattr(self.layers, "__iter__") or isinstance(self.layers, (torch.Tensor, np.ndarray)) and \
+                self.layers.ndim == 0:
             object.__setattr__(self, "layers", val.as_int(self.layers, "layers"))
         else:
             object.__setattr__(self, "layers", tuple(val.as_int(x, "layers") for x in self.layers))
@@ -377,15 +379,19 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
         seconds["total"] = time.perf_counter() - t_all
         report["provenance"]["seconds"] = seconds
         report["provenance"]["plots"] = plots
+        report["complete"] = error is None
         if error is not None:
             report["error"] = f"{type(error).__name__}: {error}"
-            report["complete"] = False
         cleaned = _clean(report)
-        with open(staged.path("report.json"), "w", encoding="utf-8") as fh:
-            json.dump(cleaned, fh, indent=1, allow_nan=False)
-        if error is None:
-            with open(staged.path("report.md"), "w", encoding="utf-8") as fh:
-                fh.write(report_markdown(cleaned))
+        try:
+            with open(staged.path("report.json"), "w", encoding="utf-8") as fh:
+                json.dump(cleaned, fh, indent=1, allow_nan=False)
+            if error is None:
+                with open(staged.path("report.md"), "w", encoding="utf-8") as fh:
+                    fh.write(report_markdown(cleaned))
+        except BaseException:  # nothing half-written reaches OUT
+            staged.discard()
+            raise
         staged.publish()
         return cleaned
 
@@ -543,32 +549,42 @@ def run_control_report(source=None, out: str = "repcap_report", settings: Option
     reports = {}
     provenance = _provenance(command, {"source": _source_label(source), **settings.to_dict(), "control": "random"})
     staged = StagedFolder(out, REPORT_FILES)  # the comparison replaces every file of an earlier run in out
+    names, started = ("trained", "random_init"), []
     try:
-        for name, init in (("trained", "trained"), ("random_init", "random")):
+        for name, init in zip(names, ("trained", "random")):
             log(f"=== {name.replace('_', ' ')}")
+            started.append(name)
             reports[name] = run_report(source, os.path.join(out, name), dataclasses.replace(settings, init=init),
                                        progress=progress, log=log, command=command, **kwargs)
     except BaseException as exc:  # out/report.json says which analysis failed; no earlier comparison stays
+        for name in names:  # an analysis not reached: an earlier run's report there would look like this one's
+            if name not in started and os.path.isdir(os.path.join(out, name)):
+                remove_stale(os.path.join(out, name), REPORT_FILES)
         provenance["seconds"] = {"total": time.perf_counter() - t0}
         with open(staged.path("report.json"), "w", encoding="utf-8") as fh:
             json.dump(_clean({"provenance": provenance, "complete": False, "error": f"{type(exc).__name__}: {exc}",
-                              "reports": {name: f"{name}/report.json" for name in ("trained", "random_init")},
+                              "failed": started[-1], "reports": {name: f"{name}/report.json" for name in started},
                               **reports}), fh, indent=1, allow_nan=False)
         staged.publish()
         raise
-    doc = {"provenance": provenance, "reports": {name: f"{name}/report.json" for name in reports}, **reports}
+    doc = {"provenance": provenance, "complete": True, "reports": {name: f"{name}/report.json" for name in reports},
+           **reports}
     doc["comparison"] = _control_comparison(reports["trained"], reports["random_init"])
     doc["provenance"]["seconds"] = {"total": time.perf_counter() - t0}
     doc = _clean(doc)
-    with open(staged.path("report.json"), "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1, allow_nan=False)
-    if doc["comparison"]["pga"]:
-        plotting.plot_pga_control({"trained": reports["trained"]["pga"]["profile"],
-                                   f"random init (seed {settings.seed})": reports["random_init"]["pga"]["profile"]},
-                                  staged.path("pga_control.png"),
-                                  f"{doc['trained']['model']['source']}: trained vs random init, Subspace PGA")
-    with open(staged.path("report.md"), "w", encoding="utf-8") as fh:
-        fh.write(control_markdown(doc))
+    try:
+        with open(staged.path("report.json"), "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=1, allow_nan=False)
+        if doc["comparison"]["pga"]:
+            plotting.plot_pga_control({"trained": reports["trained"]["pga"]["profile"],
+                                       f"random init (seed {settings.seed})": reports["random_init"]["pga"]["profile"]},
+                                      staged.path("pga_control.png"),
+                                      f"{doc['trained']['model']['source']}: trained vs random init, Subspace PGA")
+        with open(staged.path("report.md"), "w", encoding="utf-8") as fh:
+            fh.write(control_markdown(doc))
+    except BaseException:  # nothing half-written reaches OUT
+        staged.discard()
+        raise
     staged.publish()
     log(f"== wrote {out}/report.json, report.md and pga_control.png (each analysis in {out}/trained and "
         f"{out}/random_init)")
@@ -840,7 +856,10 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
     sources = [in_memory_source(source) if is_in_memory(source) else source for source in sources]
     for source in sources:  # every source's header and tensor names checked before the first model loads
         if not is_in_memory(source):
-            check_embeddings(source, which="input", n_rows=settings.n_rows)
+            if settings.init == "trained":
+                check_embeddings(source, which="input", n_rows=settings.n_rows)
+            else:  # a random init needs only the config and a tokenizer: no weights to check
+                resolve_source(source)
     if settings.probe_file is not None:
         check_probe_file(settings.probe_file, settings.probe_folds)
     out = val.check_output_folder(out, "out")

@@ -269,7 +269,9 @@ def write_cells(path: str, cells: List[dict]) -> None:
 
 
 def lock_file(out: str) -> str:
-    return f"{out}.lock"
+    """The lock of the sweep file `out`: next to the file itself, whatever path names it (a
+    symlinked folder, '..'), so that every sweep writing it takes the same lock."""
+    return f"{os.path.realpath(out)}.lock"
 
 
 @contextlib.contextmanager

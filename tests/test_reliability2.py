@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import warnings
 
 import numpy as np
@@ -40,7 +41,9 @@ NOT_REALS = [float("nan"), np.float32("nan"), math.inf, np.float64("-inf"), torc
 
 
 def _raises_naming(name, fn):
-    with pytest.raises(ValueError, match=name):  # ArgumentTypeError is a ValueError too
+    """fn() raises a ValueError (ArgumentTypeError is one) whose message names `name` as a word:
+    the d of "d must be", not of "must be"."""
+    with pytest.raises(ValueError, match=rf"(?<![\w.]){re.escape(name)}(?!\w)"):
         fn()
 
 
@@ -201,19 +204,17 @@ def test_no_command_writes_over_its_input(npy, tmp_path, capsys, how):
     assert main(["epsilon", str(npy), "--json", alias, "--no-progress"]) == 2
     assert "repcap: error: --json" in capsys.readouterr().err
     _unchanged(npy, before)
+    # a real sweep file that `fit --form jl` fits: without the check, --json would replace it
     sweep = tmp_path / "cells.json"
-    sweep.write_text(json.dumps({"cells": []}))
+    rf.packing.sweep([6, 8], [3], str(sweep), steps=2, progress=False)
     cells = sweep.read_bytes()
-    for flag in ("--json", "--plot"):
-        target = str(sweep) if flag == "--json" else str(sweep.with_suffix(".png"))
-        if flag == "--plot":
-            sweep.with_suffix(".png").write_bytes(cells)
-            cells_png = sweep.with_suffix(".png")
-            assert main(["fit", str(cells_png), flag, target]) == 2
-            continue
-        assert main(["fit", str(sweep), flag, target]) == 2
+    linked = str(tmp_path / "cells_link.json")
+    os.symlink(sweep, linked)
+    for target in (str(sweep), linked):
+        assert main(["fit", str(sweep), "--form", "jl", "--json", target]) == 2
         assert "is the results file" in capsys.readouterr().err
     _unchanged(sweep, cells)
+    assert main(["fit", str(sweep), "--form", "jl", "--json", str(tmp_path / "fit.json")]) == 0  # elsewhere: fine
     # a report or survey: their outputs against the source, the text file and the probe file
     text = tmp_path / "out" / "report.md"
     os.makedirs(text.parent, exist_ok=True)
@@ -277,7 +278,7 @@ def test_a_failed_report_leaves_no_earlier_output_beside_its_report_json(npy, tm
     (out / "spectral.png").write_bytes(b"old")
     (out / "notes.txt").write_text("mine")  # a file the report does not write is never touched
     doc = run_report(str(npy), str(out), ReportSettings(bins=64), **_quiet())
-    assert "complete" not in doc
+    assert doc["complete"] is True and json.loads((out / "report.json").read_text())["complete"] is True
     assert set(os.listdir(out)) == {"report.json", "report.md", "cosine_histogram.png", "notes.txt"}
     assert set(report.REPORT_FILES) >= {"report.json", "report.md", "cosine_histogram.png"}
 
@@ -443,3 +444,75 @@ def test_a_dtype_cast_that_overflows_is_named_at_the_cast(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "beyond float16's range" in err and "float32 or bfloat16" in err and "NaN" not in err
         assert main(["epsilon", str(path), "--dtype", "bfloat16", "--no-progress"]) == 0
+
+
+# ------------------------------------------------------------------- review findings
+
+
+def test_a_pga_survey_of_random_inits_needs_no_weights_in_its_pre_check(tmp_path, monkeypatch):
+    """A config-only folder is a valid source of a random-init survey: the pre-check must not ask
+    it for weights."""
+    import transformers as tf
+
+    folder = tmp_path / "cfg"
+    tf.GPT2Config(vocab_size=50, n_embd=8, n_layer=1, n_head=2).save_pretrained(folder)
+
+    class Reached(Exception):
+        pass
+
+    def reached(*a, **k):
+        raise Reached
+    monkeypatch.setattr(report, "run_report", reached)
+    with pytest.raises(Reached):
+        report.run_pga_survey([str(folder), str(folder)], str(tmp_path / "s"), ReportSettings(init="random"),
+                              **_quiet())
+    with pytest.raises(FileNotFoundError):  # trained weights are still checked first
+        report.run_pga_survey([str(folder)], str(tmp_path / "s"), ReportSettings(), **_quiet())
+
+
+def test_survey_json_gets_the_permissions_open_gives(npy, tmp_path):
+    umask = os.umask(0o022)
+    try:
+        run_survey([str(npy)], str(tmp_path / "s"), bins=16, **_quiet())
+    finally:
+        os.umask(umask)
+    assert os.stat(tmp_path / "s" / "survey.json").st_mode & 0o777 == 0o644  # mkstemp alone gives 0600
+
+
+def test_a_failed_control_report_names_only_what_ran_and_leaves_no_stale_analysis(npy, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    (out / "random_init").mkdir(parents=True)
+    (out / "random_init" / "report.json").write_text('{"old": true}')  # an earlier control run's
+    (out / "random_init" / "notes.txt").write_text("mine")
+
+    def trained_fails(*a, **k):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(report, "run_report", trained_fails)
+    with pytest.raises(RuntimeError):
+        report.run_control_report(str(npy), str(out), ReportSettings(), **_quiet())
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["complete"] is False and doc["failed"] == "trained" and doc["reports"] == {
+        "trained": "trained/report.json"}
+    assert os.listdir(out / "random_init") == ["notes.txt"]  # the stale analysis is gone, nothing else
+
+
+def test_staging_folders_of_killed_runs_are_cleared_and_live_ones_kept(npy, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = out / ".repcap-partial-999999999-abc"  # no such process
+    live = out / f".repcap-partial-{os.getppid()}-abc"  # a running process (another run's)
+    dead.mkdir()
+    live.mkdir()
+    run_report(str(npy), str(out), ReportSettings(bins=16), **_quiet())
+    assert not dead.exists() and live.exists()
+    assert not [e for e in os.listdir(out) if e.startswith(".repcap-partial-") and e != live.name]
+
+
+def test_zero_dimensional_arrays_and_one_element_arrays_are_numbers():
+    assert ReportSettings(ccrs=np.array(1), layers=np.array(3)) == ReportSettings(ccrs=(1,), layers=3)
+    assert ReportSettings(ccrs=np.array([1, 5]), layers=torch.tensor([0, 2])).ccrs == (1, 5)
+    from repcap_fast import _validation as val
+
+    assert val.as_int(np.array([3]), "k") == val.as_int(torch.tensor([3]), "k") == 3
+    with pytest.raises(ValueError, match="k must be an integer, got an array of shape"):
+        val.as_int(np.array([3, 4]), "k")

@@ -9,6 +9,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -49,7 +50,8 @@ def _refused(fn, name):
     """fn() raises a ValueError (ArgumentTypeError is one) whose message names `name`."""
     with pytest.raises(ValueError) as info:
         fn()
-    assert name in str(info.value), (name, str(info.value))
+    # the name as a word ("d", not the d of "must be"): a one-letter name must stand on its own
+    assert re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", str(info.value)), (name, str(info.value))
 
 
 X = torch.randn(10, 4, generator=torch.Generator().manual_seed(0))
@@ -451,3 +453,32 @@ def test_a_sweep_across_ranks_on_a_file_in_use_is_refused_on_every_rank(tmp_path
         else:
             assert got == [[6, 8, 10]] * 2
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(("results", "store"))) == ["s.json"]
+
+
+def test_the_lock_is_the_files_whatever_path_names_it(tmp_path):
+    """Review finding: the lock was keyed on the path as written, so a sweep through a symlinked
+    folder took another lock and both wrote the file."""
+    from repcap_fast.sweep_file import sweep_lock
+
+    (tmp_path / "real").mkdir()
+    real = tmp_path / "real" / "cells.json"
+    packing.sweep([6], [3], str(real), steps=1, progress=False)
+    os.symlink(tmp_path / "real", tmp_path / "alias")  # a symlinked folder, and a symlink to the file itself
+    os.symlink(real, tmp_path / "cells_link.json")
+    spellings = [tmp_path / "alias" / "cells.json", tmp_path / "cells_link.json"]
+    with sweep_lock(str(real)):
+        for other in spellings:
+            _refused(lambda: packing.sweep([6], [3], str(other), steps=1, progress=False), "another sweep")
+
+
+def test_a_resume_checks_the_memory_of_the_cells_left_only(tmp_path, monkeypatch):
+    """Review finding: the memory check ran on every cell of the grid, so a sweep whose large cells
+    were done on a bigger machine could not be resumed on a smaller one."""
+    from repcap_fast import packing_memory
+
+    out = str(tmp_path / "cells.json")
+    done = packing.sweep([6, 8], [3], out, steps=1, progress=False)
+    need = packing_memory._COPIES * 4 * 8 * 3 + 8 * 8 * 3  # what k=8, d=3 needs
+    monkeypatch.setattr(packing_memory, "_host_bytes", lambda: need - 1)  # a machine too small for k=8
+    assert packing.sweep([6, 8], [3], out, steps=1, progress=False) == done  # nothing left to run: no check
+    _refused(lambda: packing.sweep([6, 8, 10], [3], out, steps=1, progress=False), "k")  # k=10 is left to run
