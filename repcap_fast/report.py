@@ -866,12 +866,13 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
     check_no_clobber([(f"out/{name}", os.path.join(out, name)) for name in SURVEY_FILES],
                      [(f"source {s!r}", s if isinstance(s, (str, os.PathLike)) else None) for s in sources]
                      + _report_inputs(None, settings))
+    folders = [f"{i:02d}_{_slug(_source_label(source) or 'default')}" for i, source in enumerate(sources)]
+    _remove_earlier_survey_reports(out, folders)
     remove_stale(out, SURVEY_FILES)  # survey.json is rewritten as each model finishes
     t_all = time.perf_counter()
     runs = []
     for i, source in enumerate(sources):
-        label = _source_label(source) or "default"
-        folder = f"{i:02d}_{_slug(label)}"
+        label, folder = _source_label(source) or "default", folders[i]
         log(f"=== {i + 1}/{len(sources)}: {label}")
         keep: Dict = {}
         rep = run_report(source, os.path.join(out, folder), settings, texts=texts, text_name=text_name,
@@ -919,6 +920,22 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
     log(f"== wrote {out}/survey.json, survey.md" + (", pga_heatmap.png and pga_depth.png" if with_pga else "")
         + f" (each model's report in {out}/NN_name/)")
     return doc
+
+
+def _remove_earlier_survey_reports(out: str, folders: Sequence[str]) -> None:
+    """The report files of an earlier PGA survey in OUT (the folders its survey.json lists) that
+    this survey will not rewrite: removed, so no model of an earlier survey looks like one of
+    this one. Other files there are never touched."""
+    try:
+        with open(os.path.join(out, "survey.json"), encoding="utf-8") as fh:
+            earlier = [m.get("report", "") for m in json.load(fh).get("models", [])]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return  # no earlier survey here (or not one of ours)
+    for path in earlier:
+        folder = os.path.dirname(path) if isinstance(path, str) else ""
+        if folder and folder not in folders and os.path.basename(folder) == folder and \
+                os.path.isdir(os.path.join(out, folder)):
+            remove_stale(os.path.join(out, folder), REPORT_FILES)
 
 
 def _nearest(layers: Sequence[int], target: float) -> int:

@@ -516,3 +516,22 @@ def test_zero_dimensional_arrays_and_one_element_arrays_are_numbers():
     assert val.as_int(np.array([3]), "k") == val.as_int(torch.tensor([3]), "k") == 3
     with pytest.raises(ValueError, match="k must be an integer, got an array of shape"):
         val.as_int(np.array([3, 4]), "k")
+
+
+def test_a_pga_survey_rerun_clears_the_reports_of_models_it_no_longer_has(npy, tmp_path, monkeypatch):
+    out = tmp_path / "s"
+    (out / "05_gone").mkdir(parents=True)
+    (out / "05_gone" / "report.json").write_text("{}")
+    (out / "05_gone" / "mine.txt").write_text("mine")
+    (out / "survey.json").write_text(json.dumps({"models": [{"report": "05_gone/report.json"},
+                                                            {"report": "../outside/report.json"}]}))
+
+    class Reached(Exception):
+        pass
+
+    def reached(*a, **k):
+        raise Reached
+    monkeypatch.setattr(report, "run_report", reached)
+    with pytest.raises(Reached):
+        report.run_pga_survey([str(npy)], str(out), ReportSettings(), **_quiet())
+    assert os.listdir(out / "05_gone") == ["mine.txt"] and not (out / "survey.json").exists()
