@@ -862,6 +862,11 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
                 resolve_source(source)
     if settings.probe_file is not None:
         check_probe_file(settings.probe_file, settings.probe_folds)
+    if texts is not None and token_ids is not None:
+        raise ValueError("pass texts or token_ids, not both")
+    if (texts is not None or token_ids is not None) and settings.text_file is not None:
+        raise ValueError(f"pass {'texts' if texts is not None else 'token_ids'} or settings.text_file "
+                         f"({settings.text_file!r}), not both: the reports would sample only one of them")
     out = val.check_output_folder(out, "out")
     check_no_clobber([(f"out/{name}", os.path.join(out, name)) for name in SURVEY_FILES],
                      [(f"source {s!r}", s if isinstance(s, (str, os.PathLike)) else None) for s in sources]

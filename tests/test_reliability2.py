@@ -430,6 +430,12 @@ def test_texts_and_a_text_file_together_are_refused(npy, tmp_path):
     with pytest.raises(ValueError, match="not both"):
         run_report(str(npy), str(tmp_path / "o"), ReportSettings(text_file=str(text)), token_ids=[[1, 2, 3]],
                    **_quiet())
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "survey.json").write_text("{}")
+    with pytest.raises(ValueError, match="not both"):  # a PGA survey says so before it touches OUT
+        report.run_pga_survey([str(npy)], str(tmp_path / "s"), ReportSettings(text_file=str(text)), texts=["a text"],
+                              **_quiet())
+    assert (tmp_path / "s" / "survey.json").read_text() == "{}"
 
 
 def test_a_dtype_cast_that_overflows_is_named_at_the_cast(tmp_path, capsys):
