@@ -125,6 +125,17 @@ class StagedFolder:
         """Removes the staging folder and what it holds (the previous outputs stay as they were)."""
         shutil.rmtree(self.staging, ignore_errors=True)
 
+    def __enter__(self) -> "StagedFolder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """The files written in the block are published; if the block raised, none of them is
+        (nothing half-written reaches OUT) and the staging folder is removed."""
+        if exc_type is None:
+            self.publish()
+        else:
+            self.discard()
+
 
 _STAGING_PREFIX = ".repcap-partial-"
 

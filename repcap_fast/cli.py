@@ -26,7 +26,8 @@ from .models import DEFAULT_MODEL, INITS, LAST_LAYER_POINTS, load_embeddings, re
 from .models.casting import cast
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
-from .report import CONTROLS, ReportSettings, run_pga_survey, run_report, run_survey
+from .report import CONTROLS, ReportSettings, run_report
+from .survey import run_pga_survey, run_survey
 
 
 def _cmd_info(args) -> int:

@@ -32,29 +32,27 @@ from . import _validation as val
 from . import capacity, plotting
 from ._backends import BACKENDS, check_precision, info, resolve_backend
 from ._deprecated import moved_names
-from ._outputs import StagedFolder, check_no_clobber, remove_stale, write_json_atomic
+from ._outputs import StagedFolder, check_no_clobber
 from .geometry import readout_basis
 from .models import (
     INITS,
     LAST_LAYER_POINTS,
     HiddenStates,
     NoUnembeddingError,
-    check_embeddings,
     check_layers,
     hidden_states,
-    in_memory_source,
     is_in_memory,
     layer_count,
     load_embeddings,
     open_model,
     read_texts,
-    resolve_source,
     runnable,
 )
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
-from .pga import cross_model_agreement, pga_profile
+from .pga import pga_profile
 from .probes import check_probe_file, probe_profile
+from .report_markdown import report_markdown
 from .spectral import spectral_metrics
 
 REPORT_SECTIONS = ("provenance", "model", "epsilon", "hidden_states", "pga", "spectral")
@@ -306,7 +304,7 @@ _SETTING_NAMES = {f.name for f in dataclasses.fields(ReportSettings)}
 # replaces all of them, so none of an earlier run's files is left beside it (StagedFolder).
 REPORT_FILES = ("report.json", "report.md", "cosine_histogram.png", "pga_profile.png", "spectral.png", "probe.png",
                 "pga_control.png")
-SURVEY_FILES = ("survey.json", "survey.md", "epsilon_vs_d.png", "pga_heatmap.png", "pga_depth.png")
+
 
 
 def _report_inputs(source, settings: ReportSettings) -> List[Tuple[str, Optional[str]]]:
@@ -348,6 +346,8 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
     settings = _with_legacy(settings or ReportSettings(), legacy)
     if control is not None:
         val.check_choice(control, "control", CONTROLS)
+        from .report_control import run_control_report  # it runs this function twice
+
         return run_control_report(source, out, settings, texts=texts, text_name=text_name, token_ids=token_ids,
                                   tokenizer=tokenizer, progress=progress, log=log, command=command)
     out = val.check_output_folder(out, "out")  # created and writable before any work
@@ -383,16 +383,12 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
         if error is not None:
             report["error"] = f"{type(error).__name__}: {error}"
         cleaned = _clean(report)
-        try:
+        with staged:  # published into OUT at the end of the block, or discarded if a write fails
             with open(staged.path("report.json"), "w", encoding="utf-8") as fh:
                 json.dump(cleaned, fh, indent=1, allow_nan=False)
             if error is None:
                 with open(staged.path("report.md"), "w", encoding="utf-8") as fh:
                     fh.write(report_markdown(cleaned))
-        except BaseException:  # nothing half-written reaches OUT
-            staged.discard()
-            raise
-        staged.publish()
         return cleaned
 
     try:
@@ -529,116 +525,6 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
 CONTROLS = ("random",)
 
 
-def run_control_report(source=None, out: str = "repcap_report", settings: Optional[ReportSettings] = None, *,
-                       progress: bool = True, log=print, command: Optional[List[str]] = None, **kwargs) -> Dict:
-    """A model and its random-init control, side by side: the whole report of the weights in
-    OUT/trained, of the same architecture at initialization (settings.seed) in OUT/random_init,
-    and OUT/report.json, OUT/report.md and OUT/pga_control.png comparing them: ε of both, and z per
-    layer of both in one plot. Both analyses use the same settings, the same token sample and the
-    same null subspaces (the same seed), so they differ only in the weights. kwargs: as for
-    `run_report` (texts, text_name, token_ids, tokenizer). Returns the comparison dict, with the
-    two reports under "trained" and "random_init"."""
-    settings = settings or ReportSettings()
-    if settings.init != "trained":
-        raise ValueError(f"a control report analyses the weights and a random init of them: settings.init must be "
-                         f"'trained', got {settings.init!r}")
-    out = val.check_output_folder(out, "out")
-    check_no_clobber([(f"out/{name}", os.path.join(out, name)) for name in REPORT_FILES],
-                     _report_inputs(source, settings))
-    t0 = time.perf_counter()
-    reports = {}
-    provenance = _provenance(command, {"source": _source_label(source), **settings.to_dict(), "control": "random"})
-    staged = StagedFolder(out, REPORT_FILES)  # the comparison replaces every file of an earlier run in out
-    names, started = ("trained", "random_init"), []
-    try:
-        for name, init in zip(names, ("trained", "random")):
-            log(f"=== {name.replace('_', ' ')}")
-            started.append(name)
-            reports[name] = run_report(source, os.path.join(out, name), dataclasses.replace(settings, init=init),
-                                       progress=progress, log=log, command=command, **kwargs)
-    except BaseException as exc:  # out/report.json says which analysis failed; no earlier comparison stays
-        for name in names:  # an analysis not reached: an earlier run's report there would look like this one's
-            if name not in started and os.path.isdir(os.path.join(out, name)):
-                remove_stale(os.path.join(out, name), REPORT_FILES)
-        provenance["seconds"] = {"total": time.perf_counter() - t0}
-        with open(staged.path("report.json"), "w", encoding="utf-8") as fh:
-            json.dump(_clean({"provenance": provenance, "complete": False, "error": f"{type(exc).__name__}: {exc}",
-                              "failed": started[-1], "reports": {name: f"{name}/report.json" for name in started},
-                              **reports}), fh, indent=1, allow_nan=False)
-        staged.publish()
-        raise
-    doc = {"provenance": provenance, "complete": True, "reports": {name: f"{name}/report.json" for name in reports},
-           **reports}
-    doc["comparison"] = _control_comparison(reports["trained"], reports["random_init"])
-    doc["provenance"]["seconds"] = {"total": time.perf_counter() - t0}
-    doc = _clean(doc)
-    try:
-        with open(staged.path("report.json"), "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=1, allow_nan=False)
-        if doc["comparison"]["pga"]:
-            plotting.plot_pga_control({"trained": reports["trained"]["pga"]["profile"],
-                                       f"random init (seed {settings.seed})": reports["random_init"]["pga"]["profile"]},
-                                      staged.path("pga_control.png"),
-                                      f"{doc['trained']['model']['source']}: trained vs random init, Subspace PGA")
-        with open(staged.path("report.md"), "w", encoding="utf-8") as fh:
-            fh.write(control_markdown(doc))
-    except BaseException:  # nothing half-written reaches OUT
-        staged.discard()
-        raise
-    staged.publish()
-    log(f"== wrote {out}/report.json, report.md and pga_control.png (each analysis in {out}/trained and "
-        f"{out}/random_init)")
-    return doc
-
-
-def _control_comparison(trained: Dict, random: Dict) -> Dict:
-    """ε of both (streamed and exact, input and output) and z per (CCR, layer) of both."""
-    eps = {}
-    for key in ("input", "output"):
-        a, b = trained["epsilon"].get(key), random["epsilon"].get(key)
-        if a and b:
-            eps[key] = {name: {"epsilon": r["epsilon"], "exact": r["exact"]["epsilon"], "mean": r["stream"]["mean"],
-                               "std": r["stream"]["std"], "class": r["class"]}
-                        for name, r in (("trained", a), ("random_init", b))}
-    pga = {}
-    if "profile" in trained.get("pga", {}) and "profile" in random.get("pga", {}):
-        for ccr, rows in trained["pga"]["profile"].items():
-            other = {r["layer"]: r for r in random["pga"]["profile"][ccr]}
-            pga[ccr] = [{"layer": r["layer"], "z_trained": r["z"], "z_random_init": other[r["layer"]]["z"],
-                         "rho_trained": r["rho_readout"], "rho_random_init": other[r["layer"]]["rho_readout"]}
-                        for r in rows]
-    return {"epsilon": eps, "pga": pga}
-
-
-def control_markdown(doc: Dict) -> str:
-    """A readable summary of a control report (`run_control_report`)."""
-    t = doc["trained"]
-    c = doc["comparison"]
-    lines = [f"# repcap report: {t['model']['source']}, trained and at random initialization", "",
-             f"- the weights: [trained/report.md](trained/report.md); the same architecture at initialization "
-             f"(seed {doc['provenance']['settings']['seed']}): [random_init/report.md](random_init/report.md)",
-             f"- {doc['provenance']['time_utc']}, repcap_fast {doc['provenance']['versions']['repcap_fast']}", "",
-             "## ε", "", "| matrix | ε trained | ε random init | exact trained | exact random init | class trained | "
-             "class random init |", "|---|---|---|---|---|---|---|"]
-    for key, row in c["epsilon"].items():
-        a, b = row["trained"], row["random_init"]
-        lines.append(f"| {key} | {_fmt(a['epsilon'], '.6f')} | {_fmt(b['epsilon'], '.6f')} | "
-                     f"{_fmt(a['exact'], '.6f')} | {_fmt(b['exact'], '.6f')} | {a['class']} | {b['class']} |")
-    if c["pga"]:
-        ccrs = list(c["pga"])
-        lines += ["", "## Subspace PGA: z per layer", "",
-                  "| layer | " + " | ".join(f"CCR-{k} trained | CCR-{k} random init" for k in ccrs) + " |",
-                  "|---|" + "---|---|" * len(ccrs)]
-        for i, row in enumerate(c["pga"][ccrs[0]]):
-            cells = " | ".join(f"{_fmt(c['pga'][k][i]['z_trained'], '.2f')} | "
-                               f"{_fmt(c['pga'][k][i]['z_random_init'], '.2f')}" for k in ccrs)
-            lines.append(f"| {row['layer']} | {cells} |")
-        lines += ["", "![z trained vs random init](pga_control.png)"]
-    else:
-        lines += ["", "No Subspace PGA: " + str(doc["trained"].get("pga", {}).get("skipped", "not run")) + "."]
-    return "\n".join(lines + [""])
-
-
 def _with_legacy(settings: ReportSettings, legacy: Dict) -> ReportSettings:
     """The settings with the deprecated keyword form applied (run_report(..., n_tokens=512))."""
     if not legacy:
@@ -654,368 +540,18 @@ def _with_legacy(settings: ReportSettings, legacy: Dict) -> ReportSettings:
     return dataclasses.replace(settings, **legacy)
 
 
-def _fmt(x, spec=".4f"):
-    return "n/a" if x is None else format(x, spec)
+_moved = moved_names(__name__, {name: ("repcap_fast.plotting", name) for name in
+                                ("plot_cosine_histograms", "plot_pga_profile", "plot_spectral")})
+# Control reports and surveys run reports, so they live in their own modules and are served from
+# here too (repcap_fast.report.run_survey, ...), imported when first asked for.
+_RUN_ELSEWHERE = {"run_control_report": "report_control", "control_markdown": "report_control",
+                  "run_survey": "survey", "run_pga_survey": "survey", "pga_survey_markdown": "survey",
+                  "AGREEMENT_DEPTHS": "survey", "SURVEY_FILES": "survey"}
 
 
-def _layer_points(last: Optional[Dict]) -> str:
-    """Which point of the residual stream each layer is, in words."""
-    text = "Layer 0 is the embedding output and layer l the output of block l."
-    if not last:
-        return text
-    differs = last.get("differs_from_other_point")
-    other = "resid_post" if last["point"] == "final_norm" else "final_norm"
-    return (f"{text} The last layer is read at `{last['point']}`: {last['meaning']}"
-            + ("" if differs is None else f"; for this model the other point (`{other}`, --last-layer {other}) is "
-               + ("a different one" if differs else "the same one (no final norm)")) + ".")
+def __getattr__(name: str):
+    if name in _RUN_ELSEWHERE:
+        import importlib
 
-
-def report_markdown(report: Dict) -> str:
-    """A readable summary of a report dict."""
-    m, e = report["model"], report["epsilon"]
-    inp = e["input"]
-    lines = [f"# repcap report: {m['source']}", "",
-             f"- weights: `{m['path']}` ({m['kind']}, architecture {m['architecture']})",
-             f"- input embedding `{m['input_name']}`: {m['vocab_rows']} rows × {inp['shape'][1]}, {inp['dtype']}; "
-             f"{inp['rows_used']} rows analysed"
-             + (f" ({inp['zero_rows_dropped']} zero rows dropped)" if inp.get("zero_rows_dropped") else "")
-             + (f"; the tokenizer's ids fill {m['tokenizer_size']} rows, so {m['padded_rows']} rows are padding"
-                + (" (dropped)" if m["padded_rows"] and m["rows_kept"] <= m["tokenizer_size"] else
-                   " (kept; --n-rows tokenizer drops them)" if m["padded_rows"] else "")
-                if m["tokenizer_size"] else ""),
-             f"- tied: {m['tied']} ({m['tied_reason']})",
-             f"- {report['provenance']['time_utc']}, repcap_fast {report['provenance']['versions']['repcap_fast']}, "
-             f"torch {report['provenance']['versions']['torch']}", "",
-             "## ε of the embedding matrix", "",
-             "| matrix | pairs | μ | σ | ε streamed | ε exact (Gram) | class |", "|---|---|---|---|---|---|---|"]
-    for key in ("input", "output"):
-        s = e.get(key)
-        if s:
-            lines.append(f"| {key} | {s['pairs']:,} | {_fmt(s['stream']['mean'], '.6f')} | "
-                         f"{_fmt(s['stream']['std'], '.6f')} | "
-                         f"{_fmt(s['epsilon'], '.6f')} | {_fmt(s['exact']['epsilon'], '.6f')} | "
-                         f"{s['class_description']} |")
-    lines += ["", "Capacity (the most features a d-dimensional space holds at this ε) and the Welch/orthoplex floor "
-              "on max|c| for that many vectors:", "", "| formula | capacity k | log10 k | floor on max \\|c\\| |",
-              "|---|---|---|---|"]
-    for name, row in inp["capacity"]["formulas"].items():
-        lines.append(f"| {name} | " + ("n/a | n/a | n/a |" if row is None else
-                                      f"{_fmt(row['capacity'], '.4g')} | {_fmt(row['log10_capacity'], '.2f')} | "
-                                      f"{_fmt(row['welch_floor'], '.5f')} |"))
-    if inp["class"] == 1:
-        lines.append("\n**Class 1 (ε > 0.2): there is no near-orthogonal structure, and these capacities are "
-                     "indeterminate.**")
-    if "welch_floor_vocab" in inp["capacity"]:
-        lines.append(f"\nNo {inp['capacity']['vocab']} unit vectors in R^{inp['capacity']['d']} have max|c| below "
-                     f"{inp['capacity']['welch_floor_vocab']:.6f}.")
-    if e.get("input_vs_output"):
-        x = e["input_vs_output"]
-        lines.append(f"\nEmbedding vs unembedding: cos(E_i, U_i) of the same token has mean "
-                     f"{x['same_token']['mean']:.4f} "
-                     f"(std {x['same_token']['std']:.4f}); over all pairs, mean {x['all_pairs']['mean']:.4f}, "
-                     f"ε {x['all_pairs']['epsilon']:.4f}.")
-    elif e.get("note"):
-        lines.append(f"\n({e['note']}.)")
-    lines.append("\n![cosines](cosine_histogram.png)\n")
-    if "skipped" in report.get("pga", {}):
-        lines += ["## Subspace PGA and spectra", "", f"Not run: {report['pga']['skipped']}."]
-    if "profile" in report.get("pga", {}):
-        p = report["pga"]
-        hs = report["hidden_states"]
-        lines += ["## Subspace PGA", "",
-                  f"{hs['n_tokens']} tokens of {hs['text']['name']} (seed {hs['seed']}, {hs['windows_run']} windows of "
-                  f"{hs['seq_len']}), readout: {p['readout']}, k = {p['k']}, {p['n_null']} null subspaces.", "",
-                  _layer_points(p.get("last_layer")), "",
-                  "| layer | " + " | ".join(f"z CCR-{c}" for c in p["profile"]) + " |",
-                  "|---|" + "---|" * len(p["profile"])]
-        probe = {r["layer"]: r for r in report["probe"]["layers"]} if report.get("probe") else None
-        if probe is not None:
-            lines[-2] += " probe accuracy |"
-            lines[-1] += "---|"
-        for i, layer in enumerate(r["layer"] for r in next(iter(p["profile"].values()))):
-            zs = " | ".join(_fmt(rows[i]["z"], ".2f") + (" ⚠" if rows[i].get("warnings") else "")
-                            for rows in p["profile"].values())
-            acc = "" if probe is None else (f" {_fmt(probe[layer]['accuracy'], '.3f')} ± "
-                                            f"{_fmt(probe[layer]['std'], '.3f')} |" if layer in probe else " |")
-            lines.append(f"| {layer} | {zs} |{acc}")
-        if probe is not None:
-            pr = report["probe"]
-            lines += ["", f"Probe accuracy: {pr['n_texts']} labelled texts of {os.path.basename(pr['file'])} "
-                          f"({', '.join(f'{k}: {v}' for k, v in pr['labels'].items())}; chance "
-                          f"{pr['layers'][0]['chance']:.3f}), {pr['pooling']}-pooled per layer, {pr['classifier']}, "
-                          f"{pr['folds']} folds (mean ± std). ![probe](probe.png)"]
-        flagged = [(ccr, row) for ccr, rows in p["profile"].items() for row in rows if row.get("warnings")]
-        if flagged:
-            lines += ["", "**Degenerate inputs (⚠):**", ""]
-            lines += [f"- layer {row['layer']}, CCR-{ccr}: {note}" for ccr, row in flagged for note in row["warnings"]]
-        lines += ["", "![pga](pga_profile.png)", "", "## Spectra per layer", "",
-                  "| layer | RankMe | α-ReQ | isotropy | condition | top-PC mass in readout |",
-                  "|---|---|---|---|---|---|"]
-        for r in report["spectral"]["layers"]:
-            lines.append(f"| {r['layer']} | {_fmt(r['rankme'], '.1f')} | {_fmt(r['alpha_req'], '.3f')} | "
-                         f"{_fmt(r['isotropy'], '.3g')} | {_fmt(r['condition_number'], '.3g')} | "
-                         f"{_fmt(r['readout_alignment_top'][0], '.3f')} |")
-        lines += ["", "![spectra](spectral.png)"]
-    secs = report["provenance"]["seconds"]
-    lines += ["", "Time: " + ", ".join(f"{k} {v:.1f} s" for k, v in secs.items()), ""]
-    return "\n".join(lines)
-
-
-# --- survey ---------------------------------------------------------------------------------------
-
-def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 4096, k_sigma: float = 2.0,
-               backend: str = "auto", device="cpu", n_rows=None, zero_rows: str = "error", progress: bool = True,
-               log=print, command: Optional[List[str]] = None) -> Dict:
-    """Several models side by side, like the paper's table: d_model, ε, class, capacity; and the
-    plot of ε against d_model. A source is a path, repo id or alias, or a model in memory (its
-    input embedding; an SAE's W_dec). Writes OUT/survey.json, OUT/survey.md and OUT/epsilon_vs_d.png.
-    Every source's header and tensor names are checked before the first ε pass; an earlier
-    survey's files are removed at the start, and survey.json is rewritten as each model finishes
-    ("complete": false with the models done and those "pending", then "complete": true)."""
-    if not sources:
-        raise ValueError("survey needs at least one SOURCE")
-    # every argument and every source checked before the first model loads
-    check_stats_settings(val.check_device(device), bins, zero_rows=zero_rows, backend=backend)
-    k_sigma = val.as_real(k_sigma, "k_sigma")
-    sources = [in_memory_source(source) if is_in_memory(source) else source for source in sources]
-    for source in sources:  # every source's header and tensor names, before the first ε pass
-        if not is_in_memory(source):
-            check_embeddings(source, which="input", n_rows=n_rows)
-    out = val.check_output_folder(out, "out")
-    check_no_clobber([(f"out/{name}", os.path.join(out, name)) for name in SURVEY_FILES],
-                     [(f"source {s!r}", s if isinstance(s, (str, os.PathLike)) else None) for s in sources])
-    remove_stale(out, SURVEY_FILES)  # survey.json is rewritten as each model finishes
-    settings_doc = {"sources": [_source_label(s) for s in sources], "bins": bins, "k_sigma": k_sigma,
-                    "n_rows": n_rows, "zero_rows": zero_rows}
-    rows = []
-    for i, source in enumerate(sources):
-        t0 = _stage(_source_label(source), log)
-        emb = load_embeddings(source, which="input", n_rows=n_rows, device=device)
-        eps, _ = epsilon_analysis(emb.input, bins=bins, k_sigma=k_sigma, backend=backend, zero_rows=zero_rows,
-                                  progress=progress)
-        full = eps["capacity"]["formulas"]["full"]
-        rows.append({"source": _source_label(source), "architecture": emb.architecture, "vocab_rows": emb.rows_kept,
-                     "rows_used": eps["rows_used"], "zero_rows_dropped": eps["zero_rows_dropped"],
-                     "d_model": emb.d_model, "tied": emb.tied, "epsilon": eps["epsilon"],
-                     "epsilon_exact": eps["exact"]["epsilon"], "mean": eps["stream"]["mean"],
-                     "std": eps["stream"]["std"],
-                     "class": eps["class"], "class_description": eps["class_description"],
-                     "capacity_full": None if full is None else full["capacity"],
-                     "log10_capacity_full": None if full is None else full["log10_capacity"],
-                     "welch_floor_vocab": eps["capacity"].get("welch_floor_vocab"),
-                     "model": emb.to_dict(), "seconds": time.perf_counter() - t0})
-        log(f"   d={emb.d_model} ε={eps['epsilon']:.4f} {eps['class_description']}")
-        if i + 1 < len(sources):  # partial results, marked as such, as each model finishes
-            write_json_atomic(os.path.join(out, "survey.json"), _clean({
-                "provenance": _provenance(command, settings_doc), "complete": False,
-                "pending": [_source_label(s) for s in sources[i + 1:]], "models": rows}), indent=1, allow_nan=False)
-    doc = _clean({"provenance": _provenance(command, settings_doc), "complete": True, "models": rows})
-    write_json_atomic(os.path.join(out, "survey.json"), doc, indent=1, allow_nan=False)
-    md = ["# repcap survey", "", "| model | d_model | V | ε | class | capacity (full form) |",
-          "|---|---|---|---|---|---|"]
-    for r in doc["models"]:
-        cap = "indeterminate" if r["class"] == 1 else _fmt(r["capacity_full"], ".3g")
-        md.append(f"| {r['source']} | {r['d_model']} | {r['rows_used']} | {_fmt(r['epsilon'])} | "
-                  f"{r['class_description']} | "
-                  f"{cap} |")
-    md += ["", "![epsilon vs d](epsilon_vs_d.png)", ""]
-    with open(os.path.join(out, "survey.md"), "w", encoding="utf-8") as fh:
-        fh.write("\n".join(md))
-    plotting.plot_survey(doc["models"], os.path.join(out, "epsilon_vs_d.png"))
-    log(f"== wrote {out}/survey.json, survey.md and epsilon_vs_d.png")
-    return doc
-
-
-AGREEMENT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-
-
-def _slug(text: str) -> str:
-    keep = "".join(c if c.isalnum() or c in "-_." else "_" for c in text.strip("/").split("/")[-1])
-    return keep[:60] or "model"
-
-
-def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Optional[ReportSettings] = None, *,
-                   texts: Optional[Sequence[str]] = None, text_name: Optional[str] = None, token_ids=None,
-                   agreement_null: int = 10, progress: bool = True, log=print,
-                   command: Optional[List[str]] = None) -> Dict:
-    """Subspace PGA across models or training checkpoints (`repcap survey --pga`): the whole report
-    of each source (in OUT/NN_name/), then z per (layer, model) for every CCR variant with the
-    top-PC readout mass, as a table (survey.md), a heatmap (pga_heatmap.png: models × layers) and
-    trajectories against relative depth (pga_depth.png); and, for every two models that ran on the
-    same tokens (a shared tokenizer, text and seed), their cross-model agreement
-    (`pga.cross_model_agreement`: Spearman of their pair distances in their readout subspaces, in
-    the full spaces and in random subspaces, `agreement_null` draws, after CCR with the first of
-    settings.ccrs) at the relative depths AGREEMENT_DEPTHS, matching each model's layer nearest to
-    depth·L. Every source runs with the same settings. The hidden states of every model are kept
-    until the agreement is computed (N × d × (L+1) float32 numbers per model). Returns the survey
-    dict (also OUT/survey.json)."""
-    if not sources:
-        raise ValueError("survey needs at least one SOURCE")
-    settings = settings or ReportSettings()
-    agreement_null = val.check_n_null(agreement_null)
-    sources = [in_memory_source(source) if is_in_memory(source) else source for source in sources]
-    for source in sources:  # every source's header and tensor names checked before the first model loads
-        if not is_in_memory(source):
-            if settings.init == "trained":
-                check_embeddings(source, which="input", n_rows=settings.n_rows)
-            else:  # a random init needs only the config and a tokenizer: no weights to check
-                resolve_source(source)
-    if settings.probe_file is not None:
-        check_probe_file(settings.probe_file, settings.probe_folds)
-    if texts is not None and token_ids is not None:
-        raise ValueError("pass texts or token_ids, not both")
-    if (texts is not None or token_ids is not None) and settings.text_file is not None:
-        raise ValueError(f"pass {'texts' if texts is not None else 'token_ids'} or settings.text_file "
-                         f"({settings.text_file!r}), not both: the reports would sample only one of them")
-    out = val.check_output_folder(out, "out")
-    check_no_clobber([(f"out/{name}", os.path.join(out, name)) for name in SURVEY_FILES],
-                     [(f"source {s!r}", s if isinstance(s, (str, os.PathLike)) else None) for s in sources]
-                     + _report_inputs(None, settings))
-    folders = [f"{i:02d}_{_slug(_source_label(source) or 'default')}" for i, source in enumerate(sources)]
-    _remove_earlier_survey_reports(out, folders)
-    remove_stale(out, SURVEY_FILES)  # survey.json is rewritten as each model finishes
-    t_all = time.perf_counter()
-    runs = []
-    for i, source in enumerate(sources):
-        label, folder = _source_label(source) or "default", folders[i]
-        log(f"=== {i + 1}/{len(sources)}: {label}")
-        keep: Dict = {}
-        rep = run_report(source, os.path.join(out, folder), settings, texts=texts, text_name=text_name,
-                         token_ids=token_ids, progress=progress, log=log, command=command, _keep=keep)
-        runs.append((label, folder, rep, keep))
-        if i + 1 < len(sources):  # partial results, marked as such, as each model finishes
-            write_json_atomic(os.path.join(out, "survey.json"), _clean({
-                "provenance": _provenance(command, {"sources": [_source_label(s) or "default" for s in sources],
-                                                    **settings.to_dict(), "agreement_null": agreement_null}),
-                "complete": False, "pending": [_source_label(s) or "default" for s in sources[i + 1:]],
-                "models": [_survey_row(lab, fol, r) for lab, fol, r, _ in runs]}), indent=1, allow_nan=False)
-    models = [_survey_row(label, folder, rep) for label, folder, rep, _ in runs]
-    agreement = []
-    with_states = [(i, label, rep, keep) for i, (label, _, rep, keep) in enumerate(runs) if "states" in keep]
-    pairs = [(a, b) for i, a in enumerate(with_states) for b in with_states[i + 1:]]
-    ccr = settings.ccrs[0]
-    for (ia, la, ra, ka), (ib, lb, rb, kb) in pairs:
-        names = {"a": la, "b": lb, "a_index": ia, "b_index": ib}
-        if ra["hidden_states"]["token_ids"] != rb["hidden_states"]["token_ids"]:
-            agreement.append({**names, "skipped": "the two models ran on different tokens (another tokenizer, text "
-                              "or seed): their pair distances cannot be compared"})
-            continue
-        na, nb = ka["states"].layers[-1], kb["states"].layers[-1]
-        rows = []
-        for depth in AGREEMENT_DEPTHS:
-            layer_a, layer_b = _nearest(ka["states"].layers, depth * na), _nearest(kb["states"].layers, depth * nb)
-            if rows and rows[-1]["layer_a"] == layer_a and rows[-1]["layer_b"] == layer_b:
-                continue
-            log(f"   agreement {la} layer {layer_a} vs {lb} layer {layer_b}")
-            res = cross_model_agreement(ka["states"][layer_a], kb["states"][layer_b], ka["basis"], kb["basis"],
-                                        n_null=agreement_null, ccr=ccr, seed=settings.seed)
-            rows.append({"depth": depth, "layer_a": layer_a, "layer_b": layer_b,
-                         **{k: res[k] for k in ("readout", "full", "random_mean", "random_std", "ccr")}})
-        agreement.append({**names, "n_tokens": len(ra["hidden_states"]["token_ids"]), "layers": rows})
-    doc = _clean({"provenance": _provenance(command, {"sources": [m["source"] for m in models],
-                                                       **settings.to_dict(), "agreement_null": agreement_null}),
-                  "complete": True, "models": models, "agreement": agreement,
-                  "agreement_depths": list(AGREEMENT_DEPTHS), "seconds": time.perf_counter() - t_all})
-    write_json_atomic(os.path.join(out, "survey.json"), doc, indent=1, allow_nan=False)
-    with_pga = [m for m in doc["models"] if m["z"]]
-    if with_pga:
-        plotting.plot_pga_survey(with_pga, os.path.join(out, "pga_heatmap.png"), os.path.join(out, "pga_depth.png"))
-    with open(os.path.join(out, "survey.md"), "w", encoding="utf-8") as fh:
-        fh.write(pga_survey_markdown(doc))
-    log(f"== wrote {out}/survey.json, survey.md" + (", pga_heatmap.png and pga_depth.png" if with_pga else "")
-        + f" (each model's report in {out}/NN_name/)")
-    return doc
-
-
-def _remove_earlier_survey_reports(out: str, folders: Sequence[str]) -> None:
-    """The report files of an earlier PGA survey in OUT (the folders its survey.json lists) that
-    this survey will not rewrite: removed, so no model of an earlier survey looks like one of
-    this one. Other files there are never touched."""
-    try:
-        with open(os.path.join(out, "survey.json"), encoding="utf-8") as fh:
-            earlier = [m.get("report", "") for m in json.load(fh).get("models", [])]
-    except (OSError, ValueError, AttributeError, TypeError):
-        return  # no earlier survey here (or not one of ours)
-    for path in earlier:
-        folder = os.path.dirname(path) if isinstance(path, str) else ""
-        if folder and folder not in folders and os.path.basename(folder) == folder and \
-                os.path.isdir(os.path.join(out, folder)):
-            remove_stale(os.path.join(out, folder), REPORT_FILES)
-
-
-def _nearest(layers: Sequence[int], target: float) -> int:
-    return min(layers, key=lambda layer: (abs(layer - target), layer))
-
-
-def _survey_row(label: str, folder: str, rep: Dict) -> Dict:
-    e = rep["epsilon"]["input"]
-    row = {"source": label, "report": f"{folder}/report.json", "d_model": e["shape"][1], "vocab_rows": e["shape"][0],
-           "epsilon": e["epsilon"], "epsilon_exact": e["exact"]["epsilon"], "class": e["class"], "z": {},
-           "layers": [], "top_pc_readout_mass": [], "relative_depth": []}
-    if "profile" in rep.get("pga", {}):
-        prof = rep["pga"]["profile"]
-        row["layers"] = [r["layer"] for r in next(iter(prof.values()))]
-        last = max(row["layers"][-1], 1)
-        row["relative_depth"] = [layer / last for layer in row["layers"]]
-        row["z"] = {ccr: [r["z"] for r in rows] for ccr, rows in prof.items()}
-        row["top_pc_readout_mass"] = [r["readout_alignment_top"][0] for r in rep["spectral"]["layers"]]
-        row["last_layer"] = rep["pga"]["last_layer"]["point"]
-        if rep.get("probe") and "layers" in rep["probe"]:
-            row["probe_accuracy"] = [r["accuracy"] for r in rep["probe"]["layers"]]
-    else:
-        row["skipped"] = rep.get("pga", {}).get("skipped")
-    return row
-
-
-def pga_survey_markdown(doc: Dict) -> str:
-    """A readable summary of a PGA survey (`run_pga_survey`)."""
-    s = doc["provenance"]["settings"]
-    lines = ["# repcap survey: Subspace PGA across models", "",
-             f"k = {s['k']}, {s['n_null']} null subspaces, {s['n_tokens']} tokens, seed {s['seed']}, CCR "
-             f"{', '.join(map(str, s['ccrs']))}; the last layer at `{s['last_layer']}`. Each model's full report is "
-             f"linked below.", "",
-             "| model | d_model | V | ε | layers | report |", "|---|---|---|---|---|---|"]
-    for m in doc["models"]:
-        lines.append(f"| {m['source']} | {m['d_model']} | {m['vocab_rows']} | {_fmt(m['epsilon'])} | "
-                     f"{len(m['layers']) or 'n/a'} | [{m['report']}]({m['report']}) |")
-    for ccr in s["ccrs"]:
-        with_z = [m for m in doc["models"] if str(ccr) in m["z"]]
-        if not with_z:
-            continue
-        depth = max(len(m["layers"]) for m in with_z)
-        lines += ["", f"## z per layer, CCR-{ccr}", "", "| layer | " + " | ".join(m["source"] for m in with_z) + " |",
-                  "|---|" + "---|" * len(with_z)]
-        for i in range(depth):
-            lines.append(f"| {i} | " + " | ".join(_fmt(m["z"][str(ccr)][i], ".2f") if i < len(m["layers"]) else ""
-                                                  for m in with_z) + " |")
-    with_mass = [m for m in doc["models"] if m["top_pc_readout_mass"]]
-    if with_mass:
-        depth = max(len(m["layers"]) for m in with_mass)
-        lines += ["", "## Top principal direction's mass in the readout subspace", "",
-                  "| layer | " + " | ".join(m["source"] for m in with_mass) + " |", "|---|" + "---|" * len(with_mass)]
-        for i in range(depth):
-            lines.append(f"| {i} | " + " | ".join(_fmt(m["top_pc_readout_mass"][i], ".3f") if i < len(m["layers"])
-                                                  else "" for m in with_mass) + " |")
-    for m in doc["models"]:
-        if m.get("skipped"):
-            lines.append(f"\n{m['source']}: no Subspace PGA ({m['skipped']}).")
-    if doc["agreement"]:
-        lines += ["", "## Cross-model agreement", "",
-                  "Spearman of the two models' pair distances on the same tokens: in their readout subspaces, in the "
-                  "full spaces, and in random subspaces of the same dimension (mean ± std).", "",
-                  "| models | depth | layers | readout | full | random |", "|---|---|---|---|---|---|"]
-        for a in doc["agreement"]:
-            if "skipped" in a:
-                lines.append(f"| {a['a']} vs {a['b']} | | | {a['skipped']} | | |")
-                continue
-            for r in a["layers"]:
-                lines.append(f"| {a['a']} vs {a['b']} | {r['depth']:.2f} | {r['layer_a']} / {r['layer_b']} | "
-                             f"{_fmt(r['readout'])} | {_fmt(r['full'])} | {_fmt(r['random_mean'])} ± "
-                             f"{_fmt(r['random_std'])} |")
-    if any(m["z"] for m in doc["models"]):
-        lines += ["", "![z heatmap](pga_heatmap.png)", "", "![z against relative depth](pga_depth.png)"]
-    return "\n".join(lines + [""])
-
-
-__getattr__ = moved_names(__name__, {name: ("repcap_fast.plotting", name) for name in
-                                     ("plot_cosine_histograms", "plot_pga_profile", "plot_spectral")})
+        return getattr(importlib.import_module(f"repcap_fast.{_RUN_ELSEWHERE[name]}"), name)
+    return _moved(name)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import repcap_fast as rf
-from repcap_fast import pga, report, spectral
+from repcap_fast import pga, report, report_control, spectral, survey
 from repcap_fast.cli import main
 from repcap_fast.geometry import grassmann_bases
 from repcap_fast.ops.grassmann_normals import grassmann_normals
@@ -291,8 +291,8 @@ def test_a_survey_checks_every_source_first_and_writes_partial_results(npy, tmp_
     bad = tmp_path / "two.safetensors"
     save_file({"foo": torch.ones(4, 3), "bar": torch.ones(4, 3)}, str(bad))
     calls = []
-    real = report.epsilon_analysis
-    monkeypatch.setattr(report, "epsilon_analysis", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = survey.epsilon_analysis
+    monkeypatch.setattr(survey, "epsilon_analysis", lambda *a, **k: calls.append(1) or real(*a, **k))
     with pytest.raises(ValueError, match="two.safetensors"):
         run_survey([str(npy), str(npy), str(bad)], str(tmp_path / "s1"), bins=32, **_quiet())
     assert calls == []  # refused before any pass
@@ -307,13 +307,13 @@ def test_a_survey_checks_every_source_first_and_writes_partial_results(npy, tmp_
     out = tmp_path / "s2"
     out.mkdir()
     (out / "epsilon_vs_d.png").write_bytes(b"old")
-    monkeypatch.setattr(report, "epsilon_analysis", second_fails)
+    monkeypatch.setattr(survey, "epsilon_analysis", second_fails)
     with pytest.raises(RuntimeError):
         run_survey([str(npy), str(npy), str(npy)], str(out), bins=32, **_quiet())
     doc = json.loads((out / "survey.json").read_text())
     assert doc["complete"] is False and len(doc["models"]) == 1 and len(doc["pending"]) == 2
     assert not (out / "epsilon_vs_d.png").exists()  # the earlier survey's plot is gone
-    monkeypatch.setattr(report, "epsilon_analysis", real)
+    monkeypatch.setattr(survey, "epsilon_analysis", real)
     doc = run_survey([str(npy), str(npy)], str(out), bins=32, **_quiet())
     assert doc["complete"] is True and json.loads((out / "survey.json").read_text())["complete"] is True
 
@@ -455,6 +455,16 @@ def test_a_dtype_cast_that_overflows_is_named_at_the_cast(tmp_path, capsys):
 # ------------------------------------------------------------------- review findings
 
 
+class ReportReached(Exception):
+    """A PGA survey got past its checks to its first model's report."""
+
+
+def _stop_at_the_first_report(monkeypatch):
+    def reached(*a, **k):
+        raise ReportReached
+    monkeypatch.setattr(survey, "run_report", reached)
+
+
 def test_a_pga_survey_of_random_inits_needs_no_weights_in_its_pre_check(tmp_path, monkeypatch):
     """A config-only folder is a valid source of a random-init survey: the pre-check must not ask
     it for weights."""
@@ -463,13 +473,8 @@ def test_a_pga_survey_of_random_inits_needs_no_weights_in_its_pre_check(tmp_path
     folder = tmp_path / "cfg"
     tf.GPT2Config(vocab_size=50, n_embd=8, n_layer=1, n_head=2).save_pretrained(folder)
 
-    class Reached(Exception):
-        pass
-
-    def reached(*a, **k):
-        raise Reached
-    monkeypatch.setattr(report, "run_report", reached)
-    with pytest.raises(Reached):
+    _stop_at_the_first_report(monkeypatch)
+    with pytest.raises(ReportReached):
         report.run_pga_survey([str(folder), str(folder)], str(tmp_path / "s"), ReportSettings(init="random"),
                               **_quiet())
     with pytest.raises(FileNotFoundError):  # trained weights are still checked first
@@ -493,7 +498,7 @@ def test_a_failed_control_report_names_only_what_ran_and_leaves_no_stale_analysi
 
     def trained_fails(*a, **k):
         raise RuntimeError("boom")
-    monkeypatch.setattr(report, "run_report", trained_fails)
+    monkeypatch.setattr(report_control, "run_report", trained_fails)
     with pytest.raises(RuntimeError):
         report.run_control_report(str(npy), str(out), ReportSettings(), **_quiet())
     doc = json.loads((out / "report.json").read_text())
@@ -532,12 +537,7 @@ def test_a_pga_survey_rerun_clears_the_reports_of_models_it_no_longer_has(npy, t
     (out / "survey.json").write_text(json.dumps({"models": [{"report": "05_gone/report.json"},
                                                             {"report": "../outside/report.json"}]}))
 
-    class Reached(Exception):
-        pass
-
-    def reached(*a, **k):
-        raise Reached
-    monkeypatch.setattr(report, "run_report", reached)
-    with pytest.raises(Reached):
+    _stop_at_the_first_report(monkeypatch)
+    with pytest.raises(ReportReached):
         report.run_pga_survey([str(npy)], str(out), ReportSettings(), **_quiet())
     assert os.listdir(out / "05_gone") == ["mine.txt"] and not (out / "survey.json").exists()

@@ -26,10 +26,6 @@ from .._backends import launcher, register_kernel, resolve_backend, triton_kerne
 from ..reference import grassmann_normals_reference
 
 
-def _check_count(value, name: str, lo: int) -> int:
-    return val.check_int(value, name, lo)
-
-
 def grassmann_normals(n: int, d: int, k: int, seed: int = 0, *, first_basis: int = 0, device="cpu",
                       backend: str = "auto") -> torch.Tensor:
     """The (n, d, k) float64 standard normals of bases first_basis … first_basis + n − 1 for
@@ -38,9 +34,9 @@ def grassmann_normals(n: int, d: int, k: int, seed: int = 0, *, first_basis: int
 
     backend: "auto" (the C++ kernel for CPU tensors; cuda, else triton, for CUDA tensors),
     "cpu", "cuda", "triton" or "torch" (the reference, plain int64 torch ops)."""
-    n, d, k = _check_count(n, "n", 1), _check_count(d, "d", 1), _check_count(k, "k", 1)
+    n, d, k = val.check_int(n, "n", 1), val.check_int(d, "d", 1), val.check_int(k, "k", 1)
     seed = val.check_seed(seed)
-    first_basis = _check_count(first_basis, "first_basis", 0)
+    first_basis = val.check_int(first_basis, "first_basis", 0)
     if first_basis + n > val.MAX_SEED:
         raise ValueError(f"first_basis + n must be <= {val.MAX_SEED}, got {first_basis} + {n}")
     device = val.check_device(device)
