@@ -1,5 +1,7 @@
-"""`repcap report` and `repcap survey`: the paper-grade analysis of real models, written as
-report.json (full provenance), report.md (a readable summary) and PNG plots.
+"""`repcap report`: the paper-grade analysis of one real model, written as report.json (full
+provenance), report.md (a readable summary, `report_markdown`) and PNG plots. A model beside its
+random-init control is `report_control`; several models side by side (`repcap survey`) are
+`survey`; their functions are served from here too.
 
 A report on one model has four parts:
 1. ε of the embedding matrix, streamed over all pairs and exact through the Gram identity, with
