@@ -252,11 +252,11 @@ PenaltyTuple gram_offdiag_penalty_cuda(const at::Tensor& q, const at::Tensor& x,
 }  // namespace
 
 TORCH_LIBRARY_IMPL(repcap_fast, CPU, m) {
-  m.impl("gram_offdiag_penalty", &gram_offdiag_penalty_cpu);
+  m.impl("gram_offdiag_penalty_rows", &gram_offdiag_penalty_cpu);
 }
 
 #ifdef REPCAP_WITH_CUDA
 TORCH_LIBRARY_IMPL(repcap_fast, CUDA, m) {
-  m.impl("gram_offdiag_penalty", &gram_offdiag_penalty_cuda);
+  m.impl("gram_offdiag_penalty_rows", &gram_offdiag_penalty_cuda);
 }
 #endif

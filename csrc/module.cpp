@@ -2,7 +2,9 @@
 // of the shared host/device headers) and the schema of every op, registered with the PyTorch
 // dispatcher in this one place. Each op's CPU and CUDA launchers live in csrc/<op>_ops.cpp
 // (TORCH_LIBRARY_IMPL); its kernels in csrc/cpu and csrc/cuda; its fake (meta) kernel in
-// repcap_fast/_ops.py.
+// repcap_fast/_ops.py. These are the kernel layer: the public ops that users call,
+// torch.ops.repcap_fast.gram_offdiag_penalty and its forms, are Python custom ops over them
+// (repcap_fast/ops/gram_offdiag_penalty.py).
 #include <torch/extension.h>
 #include <torch/version.h>
 
@@ -25,7 +27,7 @@
 //                            counts int64[3] = pairs, below lo, above hi; hist int64[bins])
 //   over c_ij = clamp(a_i·b_j·inv_a_i·inv_b_j, −1, 1), pairs i<j of a (b absent) or all i, j.
 //
-// gram_offdiag_penalty(q m×d, x k×d, row_offset, p, with_grad, precision) -> (row_max [m]
+// gram_offdiag_penalty_rows(q m×d, x k×d, row_offset, p, with_grad, precision) -> (row_max [m]
 //     x.dtype, row_sum float64[m], grad_dir [m, d] or [0])
 //   for the rows q_r = x_{row_offset + r} against all rows of x, g = q xᵀ never materialized:
 //   row_max_r = max_{j≠i} |g_rj|, row_sum_r = Σ_{j≠i} (|g_rj|/row_max_r)^p,
@@ -47,7 +49,7 @@ TORCH_LIBRARY(repcap_fast, m) {
       "pairwise_cosine_stats(Tensor a, Tensor a_inv_norm, Tensor? b, Tensor? b_inv_norm, "
       "int bins, float lo, float hi, int precision) -> (Tensor, Tensor, Tensor)");
   m.def(
-      "gram_offdiag_penalty(Tensor q, Tensor x, int row_offset, int p, bool with_grad, int precision) "
+      "gram_offdiag_penalty_rows(Tensor q, Tensor x, int row_offset, int p, bool with_grad, int precision) "
       "-> (Tensor, Tensor, Tensor)");
   m.def("subspace_pga_ranks(Tensor x) -> Tensor");
   m.def("subspace_pga_rhos(Tensor x, Tensor bases, Tensor ref_ranks) -> Tensor");

@@ -59,6 +59,14 @@ _CUDA_BUILD_HINT = (
 )
 
 
+def eager_only(fn: Callable) -> Callable:
+    """Decorator of the analysis ops' public functions (host results, progress bars, data checks
+    that read values): inside torch.compile they run eagerly, as they are, and the graph breaks
+    cleanly at the call instead of tracing into them. The penalty's ops, which training steps
+    compile, are custom ops instead (repcap_fast/ops/gram_offdiag_penalty.py)."""
+    return torch.compiler.disable(fn, recursive=True)
+
+
 def register_kernel(op: str, *backends: str):
     """Decorator: the launcher of `op` for each of `backends` in KERNELS."""
     if op not in KERNELS:

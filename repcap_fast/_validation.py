@@ -36,7 +36,10 @@ def as_int(value, name: str, integral_real: bool = False) -> int:
     """`value` as a Python int: a Python, numpy or torch integer (a one-element tensor), or, with
     `integral_real`, a finite integral real of those kinds (8.0 → 8). Refused with an error that
     names the argument: bools, strings, None, non-integral reals (8.5 is never truncated to 8),
-    NaN and ±inf, complex numbers, tensors of more than one element."""
+    NaN and ±inf, complex numbers, tensors of more than one element. A symbolic integer
+    (torch.SymInt, under torch.compile with dynamic shapes) is returned as it is."""
+    if isinstance(value, torch.SymInt):
+        return value
     shown = value
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
@@ -287,11 +290,12 @@ def power_of_two_scale(x: torch.Tensor) -> float:
     return 1.0 if largest == 0.0 else math.ldexp(1.0, math.frexp(largest)[1] - 1)  # ≤ max|x|: representable
 
 
-def row_norms(x: torch.Tensor, name: str) -> torch.Tensor:
+def row_norms(x: torch.Tensor, name: str, check: bool = True) -> torch.Tensor:
     """Float64 row norms, in row chunks (no float64 copy of all of x); raises on NaN/Inf in x,
     naming the count and the first bad row. A float64 row of finite values whose norm exceeds
     float64's range (about 1.8e308) gets norm inf: it is a valid direction, and `unit_rows`
-    normalizes it exactly."""
+    normalizes it exactly. check=False skips the NaN/Inf check (a host synchronization): rows with
+    NaN/Inf then get a NaN or inf norm, which the caller must check on the device."""
     rows = max(1, _NORM_CHUNK_BYTES // (8 * x.shape[1]))
     norms = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     finite = torch.empty(x.shape[0], dtype=torch.bool, device=x.device)
@@ -308,7 +312,7 @@ def row_norms(x: torch.Tensor, name: str) -> torch.Tensor:
         finite[r0 : r0 + rows] = torch.isfinite(scale[:, 0])
         safe = torch.where((scale > 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
         norms[r0 : r0 + rows] = torch.linalg.vector_norm(chunk / safe, dim=1) * scale[:, 0]
-    if not bool(finite.all()):
+    if check and not bool(finite.all()):
         n_bad = int((~torch.isfinite(x)).sum())
         first = int(torch.nonzero(~finite)[0])
         raise ValueError(f"{name} contains {n_bad} NaN/Inf values (first in row {first})")
@@ -316,11 +320,12 @@ def row_norms(x: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def unit_rows(x: torch.Tensor, dtype: Optional[torch.dtype] = None, norms: Optional[torch.Tensor] = None,
-              name: str = "x") -> torch.Tensor:
+              name: str = "x", huge_rows: bool = True) -> torch.Tensor:
     """x̂_i = x_i/‖x_i‖, divided in float64 row chunk by row chunk and rounded once to `dtype`
     (x's compute dtype by default), so tiny or huge rows (1/‖x‖ beyond float32, or a float64
     norm beyond float64's range) come out exact; zero rows stay zero. `norms`: the float64 row
-    norms when already known."""
+    norms when already known. huge_rows=False skips the search for rows whose norm is beyond
+    float64's range (a host synchronization); the caller then refuses such rows (inf norms)."""
     if norms is None:
         norms = row_norms(x, name)
     dtype = compute_dtype(x.dtype) if dtype is None else dtype
@@ -329,7 +334,7 @@ def unit_rows(x: torch.Tensor, dtype: Optional[torch.dtype] = None, norms: Optio
     rows = max(1, _NORM_CHUNK_BYTES // (8 * x.shape[1]))
     for r0 in range(0, x.shape[0], rows):
         out[r0 : r0 + rows] = x[r0 : r0 + rows].to(torch.float64) / safe[r0 : r0 + rows, None]
-    huge = torch.nonzero(torch.isinf(norms)).flatten()
+    huge = torch.nonzero(torch.isinf(norms)).flatten() if huge_rows else norms.new_empty(0)
     if huge.numel():  # ‖x‖ beyond float64: x/max|x| first (exact for a power of two), then its norm
         for i in huge.tolist():
             row = x[i].to(torch.float64) / power_of_two_scale(x[i])

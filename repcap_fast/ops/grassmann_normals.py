@@ -22,10 +22,12 @@ from __future__ import annotations
 import torch
 
 from .. import _validation as val
-from .._backends import launcher, register_kernel, resolve_backend, triton_kernels
+from .._backends import eager_only, launcher, register_kernel, resolve_backend, triton_kernels
+from .._ops import grassmann_normals_fake
 from ..reference import grassmann_normals_reference
 
 
+@eager_only
 def grassmann_normals(n: int, d: int, k: int, seed: int = 0, *, first_basis: int = 0, device="cpu",
                       backend: str = "auto") -> torch.Tensor:
     """The (n, d, k) float64 standard normals of bases first_basis … first_basis + n − 1 for
@@ -54,7 +56,16 @@ def _grassmann_normals_compiled(out, seed, first_basis):
 
 @register_kernel("grassmann_normals", "triton")
 def _grassmann_normals_triton(out, seed, first_basis):
+    torch.ops.repcap_fast.grassmann_normals_triton(out, seed, first_basis)
+
+
+@torch.library.custom_op("repcap_fast::grassmann_normals_triton", mutates_args=("out",))
+def _grassmann_normals_triton_op(out: torch.Tensor, seed: int, first_basis: int) -> None:
+    """The Triton kernel as a custom op: the contract of torch.ops.repcap_fast.grassmann_normals."""
     triton_kernels().grassmann_normals_triton(out, seed, first_basis)
+
+
+_grassmann_normals_triton_op.register_fake(grassmann_normals_fake)
 
 
 @register_kernel("grassmann_normals", "torch")

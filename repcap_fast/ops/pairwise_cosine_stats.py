@@ -30,6 +30,7 @@ from .. import distributed
 from .._backends import (
     check_precision,
     cublas_precision,
+    eager_only,
     kernel_limits,
     launcher,
     precision_code,
@@ -38,6 +39,7 @@ from .._backends import (
     triton_kernels,
 )
 from .._kernel_choices import choose
+from .._ops import pairwise_cosine_stats_fake
 from .._progress import progress_bar
 from ..reference import cosine_moments_reference, pairwise_cosine_stats_reference
 
@@ -272,6 +274,7 @@ def _check_inputs(A, B, bins, value_range, zero_rows, n_rows, backend, precision
 # ------------------------------------------------------------------------- public function
 
 
+@eager_only
 def pairwise_cosine_stats(
     A,
     B=None,
@@ -372,6 +375,7 @@ def _with_gram_moments(raw: dict, ops: Operands) -> dict:
     return dict(raw, sum=exact["sum"], sum_sq=exact["sum_sq"], mean=mean, std=std)
 
 
+@eager_only
 def cosine_moments(A, B=None, *, zero_rows: str = "error", n_rows: Optional[int] = None) -> CosineMoments:
     """Exact mean and std of the pairwise cosines through the d×d Gram identity, in float64.
 
@@ -387,6 +391,7 @@ def cosine_moments(A, B=None, *, zero_rows: str = "error", n_rows: Optional[int]
     )
 
 
+@eager_only
 def epsilon(A, B=None, *, method: str = "gram", k_sigma: float = 2.0, **kwargs) -> float:
     """ε = μ + k_sigma·σ of the pairwise cosines; method "gram" (exact, O(V·d²)) or "stream"."""
     val.as_real(k_sigma, "k_sigma")  # before the pass
@@ -538,7 +543,19 @@ def _pairwise_cosine_stats_compiled(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, 
 
 @register_kernel("pairwise_cosine_stats", "triton")
 def _pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision):
+    return torch.ops.repcap_fast.pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision)
+
+
+@torch.library.custom_op("repcap_fast::pairwise_cosine_stats_triton", mutates_args=())
+def _pairwise_cosine_stats_triton_op(a: torch.Tensor, a_inv_norm: torch.Tensor, b: Optional[torch.Tensor],
+                                     b_inv_norm: Optional[torch.Tensor], bins: int, lo: float, hi: float,
+                                     precision: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Triton kernels as a custom op: the contract of torch.ops.repcap_fast.pairwise_cosine_stats
+    (csrc/module.cpp), with precision by name."""
     return triton_kernels().pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision)
+
+
+_pairwise_cosine_stats_triton_op.register_fake(pairwise_cosine_stats_fake)
 
 
 @register_kernel("pairwise_cosine_stats", "torch")

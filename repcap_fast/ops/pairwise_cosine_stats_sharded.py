@@ -18,7 +18,7 @@ import torch
 
 from .. import _validation as val
 from .. import distributed
-from .._backends import check_precision, kernel_limits, resolve_backend
+from .._backends import check_precision, eager_only, kernel_limits, resolve_backend
 from .pairwise_cosine_stats import CosineStats, merge_partials, pairwise_cosine_stats
 
 
@@ -57,6 +57,7 @@ def _check_block(A_local, bins, value_range, zero_rows, backend, precision) -> _
     return _Block(x, dropped, bins, lo, hi, zero_rows, name, precision)
 
 
+@eager_only
 def pairwise_cosine_stats_sharded(
     A_local,
     *,

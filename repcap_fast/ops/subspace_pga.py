@@ -38,12 +38,14 @@ from .. import distributed
 from .._backends import (
     check_precision,
     cublas_precision,
+    eager_only,
     kernel_limits,
     launcher,
     register_kernel,
     resolve_backend,
     triton_kernels,
 )
+from .._ops import subspace_pga_ranks_fake
 from .._progress import progress_bar
 from ..geometry import center_and_ccr_unscaled, grassmann_bases, readout_subspace
 from ..reference import subspace_rhos_reference
@@ -248,6 +250,7 @@ def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, 
 # ------------------------------------------------------------------------- public function
 
 
+@eager_only
 def subspace_pga(
     H,
     W_U=None,
@@ -314,8 +317,8 @@ def subspace_pga(
                      + (", ..." if len(undefined) > 3 else ""))
     if null_std == 0:
         notes.append("σ_null = 0: every null ρ is the same, so z is undefined (NaN)")
-    for note in notes:
-        warnings.warn(f"subspace_pga: {note}", DegenerateInputWarning, stacklevel=2)
+    for note in notes:  # stacklevel 3: the caller's line, past eager_only's wrapper frame
+        warnings.warn(f"subspace_pga: {note}", DegenerateInputWarning, stacklevel=3)
     N, d = inputs.H.shape
     return PGAResult(
         z=float(z), rho_readout=float(rho_readout), null_rhos=null.tolist(), null_mean=null_mean,
@@ -466,10 +469,32 @@ def _subspace_pga_compiled(x, bases, batch, precision, bar, name_of):
 
 @register_kernel("subspace_pga", "triton")
 def _subspace_pga_triton(x, bases, batch, precision, bar, name_of):
-    kernels = triton_kernels()
-    return _rhos_in_batches(lambda u: kernels.subspace_pga_ranks_triton(u, precision),
-                            lambda u, b, ref: kernels.subspace_pga_rhos_triton(u, b, ref, precision),
+    return _rhos_in_batches(lambda u: torch.ops.repcap_fast.subspace_pga_ranks_triton(u, precision),
+                            lambda u, b, ref: torch.ops.repcap_fast.subspace_pga_rhos_triton(u, b, ref, precision),
                             x, bases, batch, bar)
+
+
+@torch.library.custom_op("repcap_fast::subspace_pga_ranks_triton", mutates_args=())
+def _subspace_pga_ranks_triton(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """The Triton kernels as a custom op: the contract of torch.ops.repcap_fast.subspace_pga_ranks
+    (csrc/module.cpp), with the precision of the distances by name."""
+    return triton_kernels().subspace_pga_ranks_triton(x, precision)
+
+
+_subspace_pga_ranks_triton.register_fake(subspace_pga_ranks_fake)
+
+
+@torch.library.custom_op("repcap_fast::subspace_pga_rhos_triton", mutates_args=())
+def _subspace_pga_rhos_triton(x: torch.Tensor, bases: torch.Tensor, ref_ranks: torch.Tensor,
+                              precision: str) -> torch.Tensor:
+    """The Triton kernels as a custom op: the contract of torch.ops.repcap_fast.subspace_pga_rhos,
+    with the precision by name; the ρ's come back on the CPU."""
+    return triton_kernels().subspace_pga_rhos_triton(x, bases, ref_ranks, precision)
+
+
+@_subspace_pga_rhos_triton.register_fake
+def _(x, bases, ref_ranks, precision):
+    return torch.empty(bases.shape[0], dtype=torch.float64, device="cpu")
 
 
 @register_kernel("subspace_pga", "torch")
