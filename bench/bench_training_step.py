@@ -225,11 +225,12 @@ def main(argv=None):
                 bar.update()
     for r in rows:
         r["peak_extra_mib"] = mib(r.get("peak_extra_bytes"))
+        r["note"] = "out of memory" if r.get("oom") else (r.get("error") or "")[:60] or None
     ratios = _ratios(rows)
     first_oom = {form: min((r["k"] for r in rows if r["form"] == form and r.get("oom")), default=None)
                  for form in forms}
     lines = format_table([("form", "form"), ("k", "k"), ("seconds", "s/step"), ("peak_extra_mib", "peak MiB"),
-                          ("error", "note")], rows)
+                          ("note", "note")], rows)
     lines += [""] + format_table([("k", "k"), ("seconds_naive_over_eager", "naive/eager"),
                                   ("seconds_naive_over_compiled", "naive/compiled"),
                                   ("seconds_eager_over_compiled", "eager/compiled"),

@@ -2,8 +2,9 @@
 functions are also at the top level (``repcap_fast.gram_offdiag_penalty``). Renamed:
 ``gram_offdiag_rows`` → ``gram_offdiag_row_stats``, ``rows_loss_and_grad`` →
 ``gram_offdiag_penalty_block``. ``GramOffdiagPenaltyFunction`` is the op's autograd function, whose
-``apply`` now takes the validated inputs: call ``gram_offdiag_penalty`` instead. This alias will be
-removed in the next release."""
+``apply`` takes the op's arguments (X, p, normalize, reduction, backend, precision, with_grad) and
+returns (L, ∂L/∂X): call ``gram_offdiag_penalty`` instead. This alias will be removed in the next
+release."""
 
 import warnings
 
