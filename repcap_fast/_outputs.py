@@ -75,10 +75,7 @@ def check_no_clobber(outputs: Sequence[Tuple[str, str]], inputs: Sequence[Tuple[
 def check_plot_suffix(path: str, name: str = "--plot") -> str:
     """A plot path whose suffix matplotlib can write (png, pdf, svg, ...), checked before any
     work. Returns the path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.backend_bases import FigureCanvasBase
+    from matplotlib.backend_bases import FigureCanvasBase  # no backend is chosen: the caller's stays
 
     suffix = os.path.splitext(path)[1].lstrip(".").lower()
     formats = FigureCanvasBase.get_supported_filetypes()

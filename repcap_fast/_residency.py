@@ -19,7 +19,7 @@ HOST_COPIES = {
         "the op's result: the merged moments and counts (7 numbers per pass) read once",
     ("ops/pairwise_cosine_stats.py", "kernel_operand"):
         "the smallest and largest row norm (2 numbers, one synchronization) that choose the kernel's scaling",
-    ("ops/pairwise_cosine_stats.py", "CosineStats.quantile"):
+    ("ops/_pairwise_cosine_stats_results.py", "CosineStats.quantile"):
         "the result's histogram (already on the host) read as numpy",
     ("reference.py", "histogram_bins"):
         "the torch backend's histogram counts (`bins` numbers) per block, its result",
@@ -50,7 +50,7 @@ HOST_COPIES = {
         "merged on the host; the tensor's data stays on the device",
     ("spectral.py", "spectral_metrics"):
         "the result: the readout alignment of the top m principal directions (m numbers)",
-    ("report.py", "spectral_profile"):
+    ("report/analyses.py", "spectral_profile"):
         "the result: those m numbers written into report.json",
     ("models/hidden_states.py", "hidden_states"):
         "token ids passed as a tensor on a GPU: the windows and the token sample are cut and indexed on the host "

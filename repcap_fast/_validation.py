@@ -399,8 +399,30 @@ def check_histogram(bins, value_range, max_bins: Optional[int] = None) -> Tuple[
 
 
 def check_orthonormal(basis: torch.Tensor, name: str = "basis", tol: Optional[float] = None) -> torch.Tensor:
-    """A d×k basis with orthonormal columns (to `tol`, by default 1e-4 for 16/32-bit and 1e-10
-    for float64), or a ValueError naming the largest deviation of BᵀB from I."""
+    """Checks that a d×k basis B has orthonormal columns, and returns it.
+
+    The columns are orthonormal when max |BᵀB − I| ≤ tol, computed in float64.
+
+    Args:
+        basis: the d×k basis B, a 2-D tensor of any float dtype.
+        name: the argument's name in the error. Defaults to "basis".
+        tol: the largest deviation allowed; None (default) means 1e-10 for float64 and 1e-4
+            for 16/32-bit floats.
+
+    Returns:
+        torch.Tensor: `basis` itself, unchanged.
+
+    Raises:
+        ValueError: basis is not a 2-D tensor, or max |BᵀB − I| > tol (the error names it).
+
+    Example:
+        >>> rf.pga.check_orthonormal(torch.eye(4)[:, :2]).shape
+        torch.Size([4, 2])
+        >>> rf.pga.check_orthonormal(2 * torch.eye(3))
+        Traceback (most recent call last):
+            ...
+        ValueError: basis is not orthonormal: max |BᵀB − I| = 3 > 0.0001
+    """
     if not isinstance(basis, torch.Tensor) or basis.dim() != 2:
         raise ValueError(f"{name} must be a 2-D (d×k) tensor with orthonormal columns")
     if tol is None:

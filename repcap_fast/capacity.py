@@ -1,5 +1,6 @@
 """Capacity formulas of Guha (2026), vectorized over arrays of d and ε, in float64/log space.
-(The fit of their constants to packings is repcap_fast.fitting; sweep files, sweep_file.)
+
+The fit of their constants to packings is repcap_fast.fitting; sweep files, sweep_file.
 
 * JL:        k ≤ exp(d ε²/C), C = 8 (proven) or 3.029 (fitted to random vectors).
 * Adjusted:  k ≤ d·exp(d ε²/C), C = 1.293.
@@ -19,18 +20,49 @@ import torch
 from . import _validation as val
 from ._deprecated import moved_names
 
+__all__ = [
+    "ADJUSTED_C",
+    "CLASS1_ABOVE",
+    "CLASS2_BELOW",
+    "FULL_PARAMS",
+    "JL_C_FITTED",
+    "JL_C_PROVEN",
+    "adjusted_capacity",
+    "capacity_table",
+    "coherence_floor",
+    "describe_class",
+    "full_capacity",
+    "full_epsilon",
+    "jl_capacity",
+    "log_adjusted_capacity",
+    "log_full_capacity",
+    "log_jl_capacity",
+    "model_class",
+    "orthoplex_bound",
+    "welch_bound",
+]
+
 JL_C_PROVEN = 8.0
+"""The constant C of the JL bound k ≤ exp(d ε²/C) as proven."""
 JL_C_FITTED = 3.029
+"""The constant C of the JL bound fitted to random vectors."""
 ADJUSTED_C = 1.293
+"""The constant C of the adjusted bound k ≤ d·exp(d ε²/C)."""
 FULL_PARAMS = {"C": 0.45809143, "a": 1.0668005, "b": 1.44738666, "c": 0.97197234}
+"""The constants C, a, b, c of the full form ε = sqrt(C·ln(k^a/d)^b / d^c) (the paper's ``max_k``)."""
 CLASS1_ABOVE = 0.2
+"""ε above this is class 1: no near-orthogonal structure, capacity indeterminate."""
 CLASS2_BELOW = 0.1
+"""ε below this is class 2: near-orthogonal."""
 
 
 def _reals(x, name: str) -> np.ndarray:
-    """x as a float64 array of finite reals (a scalar as a 0-d array): a Python, numpy or torch
-    number, or an array-like of them. Bools, strings, None, complex numbers, NaN and ±inf are
-    refused with an error that names the argument (they were read as numbers, or gave NaN)."""
+    """X as a float64 array of finite reals (a scalar as a 0-d array).
+
+    A Python, numpy or torch number, or an array-like of them. Bools, strings, None, complex
+    numbers, NaN and ±inf are refused with an error that names the argument (they were read as
+    numbers, or gave NaN).
+    """
     if isinstance(x, torch.Tensor) and x.dim() == 0 or x is None or isinstance(x, (bool, int, float, complex, str,
                                                                                    bytes, np.generic)):
         return np.asarray(val.as_real(x, name), dtype=np.float64)
@@ -52,6 +84,7 @@ def _reals(x, name: str) -> np.ndarray:
 
 
 def _d_eps(d, eps):
+    """D (>= 1) and eps (>= 0) as finite float64 arrays."""
     d = _reals(d, "d")
     eps = _reals(eps, "eps")
     if np.any(d < 1):
@@ -62,6 +95,7 @@ def _d_eps(d, eps):
 
 
 def _positive(C, name="C"):
+    """A constant as a finite float64 array > 0."""
     C = _reals(C, name)
     if np.any(C <= 0):
         raise ValueError(f"{name} must be finite and > 0, got {C}")
@@ -69,51 +103,190 @@ def _positive(C, name="C"):
 
 
 def _out(x):
+    """A Python float for a 0-d result, else the array."""
     return float(x) if np.ndim(x) == 0 else x
 
 
 def log_jl_capacity(d, eps, C=JL_C_PROVEN):
-    """ln k of the JL bound: d ε²/C."""
+    """The natural log of the JL capacity, ln k = d ε²/C (never overflows).
+
+    Args:
+        d (float or array_like): the dimension d ≥ 1: a number or an array of them (Python, numpy or torch).
+        eps (float or array_like): the accepted deviation ε ≥ 0: a number or an array, broadcast against d.
+        C (float): the constant, > 0 (default ``JL_C_PROVEN`` = 8; ``JL_C_FITTED`` = 3.029).
+
+    Returns:
+        float or numpy.ndarray: ln k, a float for scalar inputs, else a float64 array.
+
+    Raises:
+        ValueError: d < 1, ε < 0, C ≤ 0, or a value that is NaN or ±inf.
+        TypeError: an argument that is not real numbers (a bool, a string, None, complex);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> round(rf.capacity.log_jl_capacity(4096, 0.0645), 4)
+        2.13
+    """
     d, eps = _d_eps(d, eps)
     return _out(d * eps**2 / _positive(C))
 
 
 def jl_capacity(d, eps, C=JL_C_PROVEN):
-    """JL capacity k = exp(d ε²/C). C=8 (proven) or 3.029 (fitted)."""
+    """The JL capacity k = exp(d ε²/C), inf where it overflows float64.
+
+    Args:
+        d (float or array_like): the dimension d ≥ 1: a number or an array of them (Python, numpy or torch).
+        eps (float or array_like): the accepted deviation ε ≥ 0: a number or an array, broadcast against d.
+        C (float): the constant, > 0 (default ``JL_C_PROVEN`` = 8 (proven); ``JL_C_FITTED`` = 3.029,
+            fitted to random vectors).
+
+    Returns:
+        float or numpy.ndarray: k, a float for scalar inputs, else a float64 array.
+
+    Raises:
+        ValueError: d < 1, ε < 0, C ≤ 0, or a value that is NaN or ±inf.
+        TypeError: an argument that is not real numbers (a bool, a string, None, complex);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> round(rf.capacity.jl_capacity(4096, 0.0645, C=rf.capacity.JL_C_FITTED), 1)
+        277.5
+    """
     with np.errstate(over="ignore"):
         return _out(np.exp(log_jl_capacity(d, eps, C)))
 
 
 def log_adjusted_capacity(d, eps, C=ADJUSTED_C):
-    """ln k of the one-parameter adjusted bound: ln d + d ε²/C."""
+    """The natural log of the adjusted capacity, ln k = ln d + d ε²/C (never overflows).
+
+    Args:
+        d (float or array_like): the dimension d ≥ 1: a number or an array of them (Python, numpy or torch).
+        eps (float or array_like): the accepted deviation ε ≥ 0: a number or an array, broadcast against d.
+        C (float): the constant, > 0 (default ``ADJUSTED_C`` = 1.293).
+
+    Returns:
+        float or numpy.ndarray: ln k, a float for scalar inputs, else a float64 array.
+
+    Raises:
+        ValueError: d < 1, ε < 0, C ≤ 0, or a value that is NaN or ±inf.
+        TypeError: an argument that is not real numbers (a bool, a string, None, complex);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> round(rf.capacity.log_adjusted_capacity(4096, 0.0645), 3)
+        21.497
+    """
     d, eps = _d_eps(d, eps)
     return _out(np.log(d) + d * eps**2 / _positive(C))
 
 
 def adjusted_capacity(d, eps, C=ADJUSTED_C):
-    """Adjusted capacity k = d·exp(d ε²/C), C = 1.293."""
+    """The adjusted capacity k = d·exp(d ε²/C), inf where it overflows float64.
+
+    Args:
+        d (float or array_like): the dimension d ≥ 1: a number or an array of them (Python, numpy or torch).
+        eps (float or array_like): the accepted deviation ε ≥ 0: a number or an array, broadcast against d.
+        C (float): the constant, > 0 (default ``ADJUSTED_C`` = 1.293).
+
+    Returns:
+        float or numpy.ndarray: k, a float for scalar inputs, else a float64 array.
+
+    Raises:
+        ValueError: d < 1, ε < 0, C ≤ 0, or a value that is NaN or ±inf.
+        TypeError: an argument that is not real numbers (a bool, a string, None, complex);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> f"{rf.capacity.adjusted_capacity(4096, 0.0645):.3g}"
+        '2.17e+09'
+    """
     with np.errstate(over="ignore"):
         return _out(np.exp(log_adjusted_capacity(d, eps, C)))
 
 
 def log_full_capacity(d, eps, C=FULL_PARAMS["C"], a=FULL_PARAMS["a"], b=FULL_PARAMS["b"], c=FULL_PARAMS["c"]):
-    """ln k of the fully parameterized form: (ln d + (d^c ε²/C)^(1/b)) / a."""
+    """The natural log of the full-form capacity, ln k = (ln d + (d^c ε²/C)^(1/b)) / a.
+
+    Never overflows; ``full_capacity`` is its exponential.
+
+    Args:
+        d (float or array_like): the dimension d ≥ 1: a number or an array of them (Python, numpy or torch).
+        eps (float or array_like): the accepted deviation ε ≥ 0: a number or an array, broadcast against d.
+        C (float): the constant C, > 0 (default ``FULL_PARAMS["C"]``).
+        a (float): the exponent a, > 0 (default ``FULL_PARAMS["a"]``).
+        b (float): the exponent b, > 0 (default ``FULL_PARAMS["b"]``).
+        c (float): the exponent c, a finite real (default ``FULL_PARAMS["c"]``).
+
+    Returns:
+        float or numpy.ndarray: ln k, a float for scalar inputs, else a float64 array.
+
+    Raises:
+        ValueError: d < 1, ε < 0, C, a or b ≤ 0, or a value that is NaN or ±inf.
+        TypeError: an argument that is not real numbers (a bool, a string, None, complex);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> round(rf.capacity.log_full_capacity(4096, 0.0645), 3)
+        17.503
+    """
     d, eps = _d_eps(d, eps)
     C, a, b, c = _positive(C), _positive(a, "a"), _positive(b, "b"), _reals(c, "c")
     return _out((np.log(d) + (d**c * eps**2 / C) ** (1.0 / b)) / a)
 
 
 def full_capacity(d, eps, **params):
-    """Full-form capacity k = (d·exp((d^c ε²/C)^(1/b)))^(1/a) (the paper's ``max_k``).
+    """The full-form capacity k = (d·exp((d^c ε²/C)^(1/b)))^(1/a) (the paper's ``max_k``).
 
-    d=4096, ε=0.0645 gives about 3.99e7 (Llama-2-7B).
+    The inverse of ``full_epsilon``; inf where k overflows float64 (``log_full_capacity`` does
+    not). d = 4096, ε = 0.0645 (Llama-2-7B) gives about 3.99e7.
+
+    Args:
+        d (float or array_like): the dimension d ≥ 1: a number or an array of them (Python, numpy or torch).
+        eps (float or array_like): the accepted deviation ε ≥ 0: a number or an array, broadcast against d.
+        **params (float): C, a, b and c to override ``FULL_PARAMS`` (as in ``log_full_capacity``).
+
+    Returns:
+        float or numpy.ndarray: k, a float for scalar inputs, else a float64 array.
+
+    Raises:
+        ValueError: d < 1, ε < 0, C, a or b ≤ 0, or a value that is NaN or ±inf.
+        TypeError: an argument that is not real numbers, or a keyword other than C, a, b, c.
+
+    Example:
+        >>> f"{rf.capacity.full_capacity(4096, 0.0645):.3g}"
+        '3.99e+07'
+        >>> rf.capacity.full_capacity([384, 768], 0.1).round(-1)
+        array([  9970., 164160.])
     """
     with np.errstate(over="ignore"):
         return _out(np.exp(log_full_capacity(d, eps, **params)))
 
 
 def full_epsilon(k, d, C=FULL_PARAMS["C"], a=FULL_PARAMS["a"], b=FULL_PARAMS["b"], c=FULL_PARAMS["c"]):
-    """Inverse of the full form: ε = sqrt(C·ln(k^a/d)^b / d^c); 0 where k^a ≤ d."""
+    """The ε of k vectors in d dimensions by the full form, ε = sqrt(C·ln(k^a/d)^b / d^c).
+
+    The inverse of ``full_capacity``; 0 where k^a ≤ d.
+
+    Args:
+        k (float or array_like): the number of vectors, > 0: a number or an array of them.
+        d (float or array_like): the dimension d ≥ 1: a number or an array, broadcast against k.
+        C (float): the constant C, > 0 (default ``FULL_PARAMS["C"]``).
+        a (float): the exponent a, > 0 (default ``FULL_PARAMS["a"]``).
+        b (float): the exponent b, > 0 (default ``FULL_PARAMS["b"]``).
+        c (float): the exponent c, a finite real (default ``FULL_PARAMS["c"]``).
+
+    Returns:
+        float or numpy.ndarray: ε, a float for scalar inputs, else a float64 array.
+
+    Raises:
+        ValueError: k ≤ 0, d < 1, C, a or b ≤ 0, or a value that is NaN or ±inf.
+        TypeError: an argument that is not real numbers (a bool, a string, None, complex);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> round(rf.capacity.full_epsilon(3.99e7, 4096), 4)
+        0.0645
+    """
     k, d = _k_d(k, d, 0.0)
     C, a, b, c = _positive(C), _positive(a, "a"), _positive(b, "b"), _reals(c, "c")
     inner = np.maximum(a * np.log(k) - np.log(d), 0.0)
@@ -121,8 +294,28 @@ def full_epsilon(k, d, C=FULL_PARAMS["C"], a=FULL_PARAMS["a"], b=FULL_PARAMS["b"
 
 
 def model_class(eps):
-    """1 if ε > 0.2 (no near-orthogonal structure; capacity indeterminate), 2 if ε < 0.1,
-    else "borderline". Vectorized inputs give an object array."""
+    """The class of a model by its ε: 1 if ε > 0.2, 2 if ε < 0.1, else "borderline".
+
+    Class 1 (ε > ``CLASS1_ABOVE``) has no near-orthogonal structure and its capacity is
+    indeterminate; class 2 (ε < ``CLASS2_BELOW``) is near-orthogonal.
+
+    Args:
+        eps (float or array_like): ε, a finite real or an array of them.
+
+    Returns:
+        int or str or numpy.ndarray: 1, 2 or "borderline" for a scalar; an object array of them
+        for an array.
+
+    Raises:
+        ValueError: ε is NaN or ±inf.
+        TypeError: ε is not real numbers (a bool, a string, None, complex).
+
+    Example:
+        >>> rf.capacity.model_class(0.0645)
+        2
+        >>> rf.capacity.model_class([0.05, 0.15, 0.3])
+        array([2, 'borderline', 1], dtype=object)
+    """
     e = _reals(eps, "eps")
     out = np.where(e > CLASS1_ABOVE, 1, np.where(e < CLASS2_BELOW, 2, 0)).astype(object)
     out[out == 0] = "borderline"
@@ -130,6 +323,22 @@ def model_class(eps):
 
 
 def describe_class(eps) -> str:
+    """The class of ``model_class`` in words, with its ε range.
+
+    Args:
+        eps (float): ε, one finite real.
+
+    Returns:
+        str: e.g. "class 2 (ε < 0.1: near-orthogonal)".
+
+    Raises:
+        ValueError: ε is NaN or ±inf.
+        TypeError: ε is not one real number (a bool, a string, None, an array).
+
+    Example:
+        >>> rf.capacity.describe_class(0.15)
+        'borderline (0.1 ≤ ε ≤ 0.2)'
+    """
     cls = model_class(val.as_real(eps, "eps"))
     if cls == 1:
         return "class 1 (ε > 0.2: no near-orthogonal structure; capacity indeterminate)"
@@ -139,7 +348,7 @@ def describe_class(eps) -> str:
 
 
 def _k_d(k, d, least_k: float):
-    """k (> 0, or >= least_k when that is > 0) and d (>= 1) as finite float64 arrays."""
+    """K (> 0, or >= least_k when that is > 0) and d (>= 1) as finite float64 arrays."""
     k, d = _reals(k, "k"), _reals(d, "d")
     if np.any(k < least_k) or (least_k == 0 and np.any(k <= 0)):
         raise ValueError(f"k must be {'> 0' if least_k == 0 else f'>= {least_k:g}'}, got {k}")
@@ -149,16 +358,36 @@ def _k_d(k, d, least_k: float):
 
 
 def _log_binom(n, r):
+    """The natural log of binom(n, r), through gammaln (no overflow)."""
     from scipy.special import gammaln
 
     return gammaln(n + 1.0) - gammaln(r + 1.0) - gammaln(n - r + 1.0)
 
 
 def welch_bound(k, d, order=1):
-    """Welch lower bound on max_{i≠j}|c_ij| for k unit vectors in R^d, order t ≥ 1:
+    """The Welch lower bound of order t on max_{i≠j} |c_ij| for k unit vectors in R^d.
 
-    max|c|^(2t) ≥ (k / binom(d+t-1, t) − 1) / (k − 1)   (0 when the right side is ≤ 0).
-    Order 1 is sqrt((k−d)/(d(k−1))).
+    max|c|^(2t) ≥ (k / binom(d+t−1, t) − 1) / (k − 1), and the bound is 0 where the right side
+    is ≤ 0. Order 1 is sqrt((k−d)/(d(k−1))).
+
+    Args:
+        k (float or array_like): the number of vectors, ≥ 2: a number or an array of them.
+        d (float or array_like): the dimension d ≥ 1: a number or an array, broadcast against k.
+        order (int): the order t, an integer ≥ 1 (default 1).
+
+    Returns:
+        float or numpy.ndarray: the bound, a float for scalar inputs, else a float64 array.
+
+    Raises:
+        ValueError: k < 2, d < 1, or a value that is NaN or ±inf, or an order that is not an integer ≥ 1.
+        TypeError: an argument that is not real numbers (a bool, a string, None, complex);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> round(rf.capacity.welch_bound(100, 10), 4)
+        0.3015
+        >>> round(rf.capacity.welch_bound(1000, 10, order=2), 4)
+        0.3621
     """
     k, d = _k_d(k, d, 2.0)
     t = _reals(order, "order")
@@ -174,13 +403,52 @@ def welch_bound(k, d, order=1):
 
 
 def orthoplex_bound(k, d):
-    """1/√d when k > d(d+1)/2 (real case), else 0: no packing of k lines beats it."""
+    """The orthoplex lower bound on max_{i≠j} |c_ij|: 1/√d when k > d(d+1)/2, else 0.
+
+    No packing of k lines in R^d beats it (the real case).
+
+    Args:
+        k (float or array_like): the number of vectors, > 0: a number or an array of them.
+        d (float or array_like): the dimension d ≥ 1: a number or an array, broadcast against k.
+
+    Returns:
+        float or numpy.ndarray: the bound, a float for scalar inputs, else a float64 array.
+
+    Raises:
+        ValueError: k ≤ 0, d < 1, or a value that is NaN or ±inf.
+        TypeError: an argument that is not real numbers (a bool, a string, None, complex);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> round(rf.capacity.orthoplex_bound(100, 10), 4)
+        0.3162
+    """
     k, d = _k_d(k, d, 0.0)
     return _out(np.where(k > d * (d + 1) / 2.0, 1.0 / np.sqrt(d), 0.0))
 
 
 def coherence_floor(k, d, max_order=4):
-    """The best of the Welch bounds of orders 1..max_order and the orthoplex bound."""
+    """The largest of the Welch bounds of orders 1 … max_order and the orthoplex bound.
+
+    No set of k unit vectors in R^d has a smaller max_{i≠j} |c_ij|.
+
+    Args:
+        k (float or array_like): the number of vectors, ≥ 2: a number or an array of them.
+        d (float or array_like): the dimension d ≥ 1: a number or an array, broadcast against k.
+        max_order (int): the highest Welch order, an integer ≥ 1 (default 4).
+
+    Returns:
+        float or numpy.ndarray: the floor, a float for scalar inputs, else a float64 array.
+
+    Raises:
+        ValueError: k < 2, d < 1, or a value that is NaN or ±inf, or max_order < 1.
+        TypeError: an argument that is not real numbers (a bool, a string, None, complex);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> round(rf.capacity.coherence_floor(100, 10), 4)
+        0.3162
+    """
     max_order = val.check_int(max_order, "max_order", 1)
     bounds = [np.asarray(welch_bound(k, d, t)) for t in range(1, max_order + 1)]
     bounds.append(np.asarray(orthoplex_bound(k, d)))
@@ -188,10 +456,34 @@ def coherence_floor(k, d, max_order=4):
 
 
 def capacity_table(d: int, eps: float, vocab: int | None = None) -> dict:
-    """All capacity formulas for one (d, ε), with the Welch/orthoplex floor beside each.
+    """Every capacity formula for one (d, ε), with the Welch/orthoplex floor beside each.
 
-    ε < 0 (possible for A×B statistics or tiny V) has no capacity: the formulas are reported as
-    None."""
+    The formulas: JL with C = 8 and C = 3.029, adjusted, full form. ε < 0 (possible for A×B
+    statistics or tiny V) has no capacity: the formulas are reported as None.
+
+    Args:
+        d: the dimension, an integer ≥ 1 (an integral float such as 384.0 is accepted).
+        eps: ε, a finite real.
+        vocab: the number of vectors V (optional); when given and ≥ 2, the coherence floor of V
+            vectors in d dimensions is added.
+
+    Returns:
+        dict: ``d``, ``epsilon``, ``class`` (``model_class``) and ``formulas``: per formula
+        (``jl_C8``, ``jl_C3.029``, ``adjusted_C1.293``, ``full``) None or a dict of
+        ``capacity`` (inf beyond float64), ``log10_capacity`` and ``welch_floor`` (the
+        ``coherence_floor`` of that many vectors); with vocab also ``vocab`` and
+        ``welch_floor_vocab``.
+
+    Raises:
+        ValueError: d < 1 or not integral, ε NaN or ±inf, or vocab not integral.
+        TypeError: d, ε or vocab of the wrong type (a bool, a string, None for d or ε);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> table = rf.capacity.capacity_table(4096, 0.0645)
+        >>> table["class"], f"{table['formulas']['full']['capacity']:.3g}"
+        (2, '3.99e+07')
+    """
     d = val.check_int(d, "d", 1, integral_real=True)
     eps = val.as_real(eps, "eps")
     vocab = None if vocab is None else val.check_int(vocab, "vocab", integral_real=True)

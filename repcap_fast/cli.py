@@ -1,5 +1,8 @@
-"""Command line: ``repcap info``, ``repcap report [SOURCE]``, ``repcap survey SOURCE...``,
-``repcap epsilon [SOURCE]``, ``repcap pack``, ``repcap sweep`` and ``repcap fit``."""
+"""Command line.
+
+``repcap info``, ``repcap report [SOURCE]``, ``repcap survey SOURCE...``, ``repcap epsilon
+[SOURCE]``, ``repcap pack``, ``repcap sweep`` and ``repcap fit``.
+"""
 
 from __future__ import annotations
 
@@ -26,8 +29,7 @@ from .models import DEFAULT_MODEL, INITS, LAST_LAYER_POINTS, load_embeddings, re
 from .models.casting import cast
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
-from .report import CONTROLS, ReportSettings, run_report
-from .survey import run_pga_survey, run_survey
+from .report import CONTROLS, ReportSettings, run_pga_survey, run_report, run_survey
 
 
 def _cmd_info(args) -> int:
@@ -40,11 +42,13 @@ def _fmt_k(k: float) -> str:
 
 
 def _check_outputs(args, *files, inputs=(), extra=()) -> None:
-    """The command's output files (--json, --plot), checked and normalized before any work:
-    folders created, writable, not a folder; a --plot without a suffix gets .png (the file
-    written and printed), and its suffix must be a format matplotlib writes; no output may be
-    an input of the run (`inputs`: (name, path) pairs) or another output (`extra`: more output
-    paths, e.g. one plot per fit form, as (name, function of the checked args))."""
+    """The command's output files (--json, --plot), checked and normalized before any work.
+
+    Folders created, writable, not a folder; a --plot without a suffix gets .png (the file written
+    and printed), and its suffix must be a format matplotlib writes; no output may be an input of
+    the run (`inputs`: (name, path) pairs) or another output (`extra`: more output paths, e.g. one
+    plot per fit form, as (name, function of the checked args)).
+    """
     for attr in files:
         path = getattr(args, attr, None)
         if path is not None:
@@ -57,8 +61,7 @@ def _check_outputs(args, *files, inputs=(), extra=()) -> None:
 
 
 def _source_path(source):
-    """The file or folder a SOURCE names (None for a source that does not resolve: the load
-    reports that)."""
+    """The file or folder a SOURCE names; None for a source that does not resolve (the load reports that)."""
     try:
         return resolve_source(source).path
     except (ValueError, OSError):
@@ -232,7 +235,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _fit_plot_paths(plot: str, forms) -> dict:
-    """form → the PNG `repcap fit --plot` writes for it (one file, or one per form)."""
+    """The PNG `repcap fit --plot` writes for each form (one file, or one per form)."""
     root, ext = os.path.splitext(plot)
     return {form: plot if len(forms) == 1 else f"{root}_{form}{ext}" for form in forms}
 
@@ -311,6 +314,11 @@ def _cmd_survey(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `repcap` command and its subcommands.
+
+    Returns:
+        argparse.ArgumentParser: the parser (`repcap --help` is its help).
+    """
     parser = argparse.ArgumentParser(prog="repcap", description="repcap_fast: representation geometry of LMs")
     parser.add_argument("--version", action="version", version=f"repcap_fast {__version__}")
     parser.add_argument("--debug", action="store_true",
@@ -455,6 +463,17 @@ _DISTRIBUTED_COMMANDS = ("epsilon", "pack", "sweep")
 
 
 def main(argv=None) -> int:
+    """Runs the `repcap` command line; the entry point of the `repcap` script.
+
+    An error a user's input, files or machine can cause is printed as one `repcap: error: ...`
+    line (no traceback; --debug shows it) and gives exit status 2.
+
+    Args:
+        argv (list[str] | None): the arguments (None: sys.argv[1:]).
+
+    Returns:
+        int: the exit status (0 on success, 2 on such an error).
+    """
     args = build_parser().parse_args(argv)
     try:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun
@@ -491,8 +510,7 @@ _EXPECTED_ERRORS = (ValueError, OSError, ImportError, NotImplementedError, Overf
 
 
 def _one_line(exc: BaseException) -> str:
-    """The error's message on one line (KeyError's repr quotes stripped; an OSError names its
-    file)."""
+    """The error's message on one line (KeyError's repr quotes stripped; an OSError names its file)."""
     if isinstance(exc, KeyError) and len(exc.args) == 1:  # MissingTensorError: no quotes
         text = str(exc.args[0])
     elif isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
@@ -503,8 +521,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 def plot_histogram(stats, path: str, title: str, k_sigma: float = 2.0) -> None:
-    """Deprecated: ``plotting.plot_cosine_histograms([("pairwise cosines", stats)], path, title,
-    k_sigma)``; it will be removed in the next release."""
+    """Deprecated.
+
+    ``plotting.plot_cosine_histograms([("pairwise cosines", stats)], path, title, k_sigma)``; it
+    will be removed in the next release.
+    """
     warnings.warn("repcap_fast.cli.plot_histogram is deprecated; use repcap_fast.plotting.plot_cosine_histograms",
                   DeprecationWarning, stacklevel=2)
     plotting.plot_cosine_histograms([("pairwise cosines", stats)], path, title, k_sigma)

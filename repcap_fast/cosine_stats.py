@@ -1,6 +1,9 @@
-"""Deprecated: the module of kernel 1 is now ``repcap_fast.ops.pairwise_cosine_stats`` (and
+"""Deprecated alias of ``repcap_fast.ops.pairwise_cosine_stats``, removed in the next release.
+
+The module of kernel 1 is now ``repcap_fast.ops.pairwise_cosine_stats`` (and
 ``repcap_fast.ops.pairwise_cosine_stats_sharded``); the functions are also at the top level
-(``repcap_fast.pairwise_cosine_stats``). This alias will be removed in the next release."""
+(``repcap_fast.pairwise_cosine_stats``).
+"""
 
 import warnings
 
@@ -20,6 +23,7 @@ warnings.warn("repcap_fast.cosine_stats is deprecated; use repcap_fast.ops.pairw
 
 
 def __getattr__(name: str):
+    """PRECISIONS, as this module exported it."""
     if name == "PRECISIONS":  # {name: the compiled op's integer code}, as this module exported it
         return {precision: _backends.precision_code(precision) for precision in _backends.PRECISIONS}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,9 +30,11 @@ _LOCAL = contextvars.ContextVar("repcap_fast_local", default=False)
 
 @contextlib.contextmanager
 def local():
-    """Inside this block the ops run in this process alone, even under torchrun: for work that
-    differs from rank to rank (a sweep's cells), which must not meet the other ranks in a
-    collective. An explicit group= still distributes."""
+    """A context in which the ops run in this process alone, even under torchrun.
+
+    For work that differs from rank to rank (a sweep's cells), which must not meet the other
+    ranks in a collective. An explicit group= still distributes.
+    """
     token = _LOCAL.set(True)
     try:
         yield
@@ -41,8 +43,11 @@ def local():
 
 
 def resolve_group(group=None):
-    """The process group to use: `group` if given, else the default group when torch.distributed is
-    initialized with more than one rank, else None (run in this process alone)."""
+    """The process group to use (None: run in this process alone).
+
+    `group` if given, else the default group when torch.distributed is initialized with more
+    than one rank, else None.
+    """
     if group is not None:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("group= was given but torch.distributed is not initialized (call "
@@ -54,6 +59,7 @@ def resolve_group(group=None):
 
 
 def rank_and_world(group) -> Tuple[int, int]:
+    """(this process's rank in `group`, the group's size)."""
     return dist.get_rank(group), dist.get_world_size(group)
 
 
@@ -85,8 +91,11 @@ def _gather(value: Any, group) -> List[Any]:
 
 
 def _first_failure(statuses: Sequence[Optional[str]]) -> Optional[Tuple[str, str]]:
-    """("rank r of W", "<its error> (and on ranks [...])") for the first rank whose status is an
-    error, or None when no rank failed."""
+    """The first failed rank and its error, or None when no rank failed.
+
+    Returns ("rank r of W", "<its error> (and on ranks [...])") for the first rank whose status is
+    an error.
+    """
     failed = [(r, s) for r, s in enumerate(statuses) if s is not None]
     if not failed:
         return None
@@ -96,6 +105,7 @@ def _first_failure(statuses: Sequence[Optional[str]]) -> Optional[Tuple[str, str
 
 
 def _raise_if_different(op: str, signatures: Sequence[Dict[str, Any]]) -> None:
+    """A ValueError naming each field that differs between the ranks' signatures, if one does."""
     diffs = [f"{key}: " + ", ".join(f"rank {r} {sig.get(key)!r}" for r, sig in enumerate(signatures))
              for key in signatures[0] if any(sig.get(key) != signatures[0].get(key) for sig in signatures)]
     if diffs:
@@ -104,14 +114,20 @@ def _raise_if_different(op: str, signatures: Sequence[Dict[str, Any]]) -> None:
 
 
 def check_same_on_all_ranks(op: str, signature: Dict[str, Any], group) -> None:
-    """Raises the same ValueError on every rank when the ranks' signatures differ (shapes, seeds,
-    settings, input digests), naming each field that differs and its value per rank."""
+    """Raises the same ValueError on every rank when the ranks' signatures differ.
+
+    Signatures hold shapes, seeds, settings and input digests; the error names each field that
+    differs and its value per rank.
+    """
     _raise_if_different(op, _gather(signature, group))
 
 
 def assign_units(weights: Sequence[int], world: int) -> List[int]:
-    """The rank of each work unit: largest units first, each to the least-loaded rank (ties to the
-    lower rank), so the loads are balanced and the assignment is the same on every rank."""
+    """The rank of each work unit, balancing the ranks' loads.
+
+    Largest units first, each to the least-loaded rank (ties to the lower rank), so the
+    assignment is the same on every rank.
+    """
     load = [0] * world
     owner = [0] * len(weights)
     for unit in sorted(range(len(weights)), key=lambda u: (-weights[u], u)):
@@ -122,8 +138,10 @@ def assign_units(weights: Sequence[int], world: int) -> List[int]:
 
 
 def comm_device(group) -> torch.device:
-    """Where a collective's tensors must live: this rank's current GPU for NCCL (whatever device
-    the op's inputs are on), the CPU otherwise."""
+    """The device a collective's tensors must live on.
+
+    This rank's current GPU for NCCL (whatever device the op's inputs are on), the CPU otherwise.
+    """
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -135,8 +153,10 @@ def global_rank(group, group_rank: int) -> int:
 
 
 def sum_across_ranks(tensors: Sequence[torch.Tensor], group) -> List[torch.Tensor]:
-    """all_reduce(SUM) of each tensor on the group's communication device (`comm_device`);
-    returns CPU tensors."""
+    """The all_reduce(SUM) of each tensor, as CPU tensors.
+
+    Each is reduced on the group's communication device (`comm_device`).
+    """
     where = comm_device(group)
     out = []
     for t in tensors:
@@ -151,9 +171,11 @@ class RankFailure(RuntimeError):
 
 
 def run_on_every_rank(op: str, fn, group):
-    """fn() on this rank; then every rank learns whether any rank failed, and all raise the same
-    RuntimeError naming the rank and its error (a failure on one rank never leaves the others
-    waiting in a collective)."""
+    """Runs fn() on this rank; if it fails on any rank, every rank raises the same RankFailure.
+
+    Every rank learns whether any rank failed, and all raise the same RuntimeError naming the
+    rank and its error (a failure on one rank never leaves the others waiting in a collective).
+    """
     try:
         result, status = fn(), None
     except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
@@ -170,9 +192,12 @@ def contiguous_share(n: int, rank: int, world: int) -> range:
 
 
 def init_from_torchrun(device: str = "cpu") -> bool:
-    """Under torchrun (WORLD_SIZE > 1 in the environment), initializes the default process group:
-    NCCL for a CUDA device (each rank on cuda:LOCAL_RANK), gloo otherwise. Returns whether it did.
-    Multi-node runs work the same way: torchrun --nnodes N --node-rank R --rdzv-endpoint HOST:PORT."""
+    """Initializes the default process group under torchrun; returns whether it did.
+
+    Under torchrun (WORLD_SIZE > 1 in the environment): NCCL for a CUDA device (each rank on
+    cuda:LOCAL_RANK), gloo otherwise. Multi-node runs work the same way: torchrun --nnodes N
+    --node-rank R --rdzv-endpoint HOST:PORT.
+    """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return False
     if str(device).startswith("cuda"):
@@ -186,20 +211,26 @@ def init_from_torchrun(device: str = "cpu") -> bool:
 
 
 class Prepared(Protocol):
-    """What an op's validation returns: its checked inputs and settings, and the signature the
-    ranks compare (shapes, input digests, settings)."""
+    """What an op's validation returns: its checked inputs and settings, and a signature.
 
-    def signature(self) -> Dict[str, Any]: ...
+    The ranks compare the signature (shapes, input digests, settings).
+    """
+
+    def signature(self) -> Dict[str, Any]:
+        """The fields every rank must agree on."""
+        ...
 
 
 P = TypeVar("P", bound=Prepared)
 
 
 def prepare_on_every_rank(op: str, group, prepare: Callable[..., P], *args, **kwargs) -> P:
-    """prepare(*args, **kwargs): an op's validation and setup before its first collective. With a
-    group, the ranks then compare the result's signature(): a rank whose input fails validation,
-    or differs from the others, makes every rank raise the same ValueError instead of leaving the
-    others waiting in a collective. Without a group, prepare() alone."""
+    """Runs prepare(*args, **kwargs), an op's validation and setup, before its first collective.
+
+    With a group, the ranks then compare the result's signature(): a rank whose input fails
+    validation, or differs from the others, makes every rank raise the same ValueError instead of
+    leaving the others waiting in a collective. Without a group, prepare() alone.
+    """
     if group is None:
         return prepare(*args, **kwargs)
     try:

@@ -1,5 +1,6 @@
-"""Top eigenpairs of a symmetric positive semidefinite d×d matrix G (a Gram: WᵀW for the readout
-basis, xᵀx for CCR) without a full eigendecomposition when that is cheaper, with a certificate.
+"""Top eigenpairs of a symmetric PSD d×d matrix G, with a certificate, without a full eigh when that is cheaper.
+
+G is a Gram: WᵀW for the readout basis, xᵀx for CCR.
 
 Method: Chebyshev-filtered block subspace iteration (Zhou & Saad, 2007). A block of s = m + p
 orthonormal vectors Q is filtered by C_n(t(G)), the degree-n Chebyshev polynomial of the map
@@ -49,11 +50,11 @@ SMALL_LAPACK = 1024  # CPU LAPACK calls on matrices up to this size run on one t
 
 @contextlib.contextmanager
 def small_lapack(device: torch.device, size: int) -> Iterator[None]:
-    """Runs the block on one intra-op thread when it is a CPU LAPACK call on a matrix of at most
-    SMALL_LAPACK rows: there one thread is about as fast as two on an idle machine, and on a shared
-    one a second thread that waits for a busy core is what costs (measured here, with another
-    process busy on both cores: eigh of 576×576 took 0.11–0.15 s on one thread, 0.23–3.2 s on two;
-    100 Cholesky factors and triangular inverses of 64×64, 0.014 s against 0.014–0.025 s)."""
+    """Runs the block on one intra-op thread when it is a CPU LAPACK call on a matrix of at most SMALL_LAPACK rows.
+
+    There one thread is about as fast as two on an idle machine, and on a shared one a second
+    thread that waits for a busy core is what costs.
+    """
     threads = torch.get_num_threads()
     if torch.device(device).type != "cpu" or size > SMALL_LAPACK or threads == 1:
         yield
@@ -66,10 +67,12 @@ def small_lapack(device: torch.device, size: int) -> Iterator[None]:
 
 
 class TopEigenpairs(NamedTuple):
-    """The top-m eigenvalues (descending, float64) and eigenvectors (d×m, orthonormal columns,
-    float64) of G; `solver` says how they were found ("subspace iteration: R rounds, P products"
-    or "eigh", with the reason when eigh was a fallback); `angle_bound` the certified bound on
-    ‖sin Θ‖_F to the exact top-m eigenspace of the float64 G (NaN after eigh)."""
+    """The top-m eigenvalues (descending, float64) and eigenvectors (d×m, orthonormal columns, float64) of G.
+
+    `solver` says how they were found ("subspace iteration: R rounds, P products" or "eigh", with
+    the reason when eigh was a fallback); `angle_bound` is the certified bound on ‖sin Θ‖_F to the
+    exact top-m eigenspace of the float64 G (NaN after eigh).
+    """
 
     values: torch.Tensor
     vectors: torch.Tensor
@@ -88,7 +91,8 @@ def top_eigenpairs(gram: torch.Tensor, m: int, *, solver: str = "auto", angle_to
 
     solver: "auto" (subspace iteration when the block is at most d/8, else eigh), "iterate"
     (subspace iteration, falling back to eigh when it cannot certify `angle_tol`) or "eigh".
-    seed: the start block's CPU generator (the same start on every device)."""
+    seed: the start block's CPU generator (the same start on every device).
+    """
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     if gram.dim() != 2 or gram.shape[0] != gram.shape[1] or gram.dtype != torch.float64:
@@ -103,6 +107,7 @@ def top_eigenpairs(gram: torch.Tensor, m: int, *, solver: str = "auto", angle_to
 
 
 def _by_eigh(gram: torch.Tensor, m: int, solver: str) -> TopEigenpairs:
+    """The top-m eigenpairs from a full eigh, `solver` the reason recorded."""
     with small_lapack(gram.device, gram.shape[0]):
         values, vectors = torch.linalg.eigh(gram)  # ascending
     return TopEigenpairs(values[-m:].flip(0), vectors[:, -m:].flip(1), solver, math.nan)
@@ -121,9 +126,11 @@ def _rayleigh_ritz(gram: torch.Tensor, q: torch.Tensor):
 
 
 def _chebyshev_filter(gram: torch.Tensor, x: torch.Tensor, cut: float, degree: int) -> torch.Tensor:
-    """C_n(t(G)) x with t(λ) = (2λ − cut)/cut, by the three-term recurrence
-    Y_{j+1} = 2 t(G) Y_j − Y_{j−1}, Y_0 = x, Y_1 = t(G) x; each Y rescaled by the same
-    scalar as it goes (directions are what matter) to stay within range."""
+    """C_n(t(G)) x with t(λ) = (2λ − cut)/cut, by the three-term recurrence.
+
+    Y_{j+1} = 2 t(G) Y_j − Y_{j−1}, Y_0 = x, Y_1 = t(G) x; each Y rescaled by the same scalar as it
+    goes (directions are what matter) to stay within range.
+    """
     half = 0.5 * cut
 
     def t_of(y):
@@ -138,12 +145,14 @@ def _chebyshev_filter(gram: torch.Tensor, x: torch.Tensor, cut: float, degree: i
 
 
 def _orthonormal(y: torch.Tensor) -> torch.Tensor:
+    """An orthonormal basis (Q of a QR) of the columns of y."""
     with small_lapack(y.device, y.shape[1]):
         q, _ = torch.linalg.qr(y)
     return q
 
 
 def _subspace_iteration(gram: torch.Tensor, m: int, s: int, angle_tol: float, seed: int) -> TopEigenpairs:
+    """The Chebyshev-filtered subspace iteration of the module docstring, with a block of s vectors."""
     d = int(gram.shape[0])
     budget = _EIGH_FLOPS_PER_D3 * d**3
     product = 2.0 * d * d * s  # one G·Q

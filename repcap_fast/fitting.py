@@ -1,6 +1,7 @@
-"""The fit of the capacity constants (Guha 2026, §1.3) to measured packings ε(k, d): the JL,
-adjusted and fully parameterized forms of repcap_fast.capacity, fitted with SciPy's curve_fit,
-with R², MAPE and NRMSE.
+"""The fit of the capacity constants (Guha 2026, §1.3) to measured packings ε(k, d).
+
+The JL, adjusted and fully parameterized forms of repcap_fast.capacity, fitted with SciPy's
+curve_fit, with R², MAPE and NRMSE.
 """
 
 from __future__ import annotations
@@ -13,48 +14,82 @@ from . import _validation as val
 from . import plotting
 from .sweep_file import load_cells
 
+__all__ = ["AT_BOUND_RTOL", "FIT_FORMS", "MAX_EVALUATIONS", "FitAtBoundWarning", "FitResult", "fit"]
+
 
 def _eps_jl(kd, C):
+    """The JL form, ε = sqrt(C ln k / d)."""
     k, d = kd
     return np.sqrt(C * np.log(k) / d)
 
 
 def _eps_adjusted(kd, C):
+    """The adjusted form, ε = sqrt(C ln(k/d) / d)."""
     k, d = kd
     return np.sqrt(C * np.log(k / d) / d)
 
 
 def _eps_full(kd, C, a, b, c):
+    """The full form, ε = sqrt(C ln(k^a/d)^b / d^c)."""
     k, d = kd
     # ln(k^a/d) in log form (k^a overflows for large k); held above 0 while the fit explores a.
     log_ratio = np.maximum(a * np.log(k) - np.log(d), 1e-12)
     return np.sqrt(C * log_ratio**b / d**c)
 
 
-# form -> (model ε(k, d; params), parameter names, start, bounds, needs k > d)
 FIT_FORMS = {
     "jl": (_eps_jl, ("C",), (1.0,), ((1e-9,), (100.0,)), False),
     "adjusted": (_eps_adjusted, ("C",), (1.0,), ((1e-9,), (100.0,)), True),
     "full": (_eps_full, ("C", "a", "b", "c"), (0.5, 1.0, 1.4, 1.0),
              ((1e-9, 0.1, 0.1, 0.1), (10.0, 10.0, 10.0, 10.0)), True),
 }
+"""The fitted forms: name → (model ε(k, d; constants), the constants' names, the start, the
+bounds (lower, upper), whether the form needs k > d)."""
 
 
-MAX_EVALUATIONS = 50000  # curve_fit's maxfev: a fit that needs more did not converge
-AT_BOUND_RTOL = 1e-6  # a parameter this close to a bound (relative to the bounds' width) is at it
+MAX_EVALUATIONS = 50000
+"""curve_fit's maxfev: a fit that needs more evaluations did not converge."""
+AT_BOUND_RTOL = 1e-6
+"""A constant this close to a bound of its fit (relative to the bounds' width) is at that bound."""
 
 
 class FitAtBoundWarning(UserWarning):
-    """A fitted constant sits at a bound of its fit: the form does not describe the cells well
-    there, and the constant is the bound's, not the data's."""
+    """A fitted constant sits at a bound of its fit, so it is the bound's value, not the data's.
+
+    The form does not describe the cells well there.
+    """
 
 
 class FitResult:
-    """Constants of one capacity form fitted to measured ε(k, d), with the fit metrics:
-    R², RMSE, NRMSE (percent of the data's range), MAPE (percent) and the max absolute error, and
-    ``method``: the packing method the cells were made with (the constants assume it).
-    ``at_bounds``: the names of the constants that ended at a bound of the fit (``FIT_FORMS``),
-    where the fit is held rather than fitted (empty for a clean fit)."""
+    """The constants of one capacity form fitted to measured ε(k, d), with the fit's metrics.
+
+    Made by ``fit``; the arguments of its constructor are the attributes of the same names.
+
+    Attributes:
+        form (str): "jl", "adjusted" or "full".
+        params (dict): the fitted constants by name (C; or C, a, b, c), floats.
+        k (numpy.ndarray): the fitted cells' k (float64; the excluded cells are not in it).
+        d (numpy.ndarray): the fitted cells' d.
+        eps (numpy.ndarray): the fitted cells' measured ε.
+        predicted (numpy.ndarray): the form's ε at the fitted cells.
+        excluded (list): (k, d, why) of each cell left out of the fit.
+        eps_key (str): the key of the cells' ε that was fitted (e.g. "eps_star").
+        method (str or None): the packing method the cells were made with (the constants assume
+            it); None when the cells do not record it.
+        at_bounds (list): the names of the constants that ended at a bound of the fit
+            (``FIT_FORMS``), held there rather than fitted (empty for a clean fit).
+        r2 (float): the coefficient of determination R² (NaN for constant data).
+        rmse (float): the root-mean-square error.
+        nrmse (float): the RMSE in percent of the data's range (NaN for constant data).
+        mape (float): the mean absolute percentage error (over the cells with ε ≠ 0).
+        max_error (float): the largest absolute error.
+
+    Example:
+        >>> cells = [(k, d, (3 * np.log(k) / d) ** 0.5) for k in (100, 1000) for d in (32, 64)]
+        >>> result = rf.fitting.fit(cells, "jl")
+        >>> round(result.params["C"], 6), round(result.r2, 6)
+        (3.0, 1.0)
+    """
 
     def __init__(self, form, params, k, d, eps, excluded, eps_key, method=None, at_bounds=()):
         self.form = form
@@ -77,13 +112,14 @@ class FitResult:
         self.max_error = float(np.max(np.abs(resid)))
 
     def predict(self, k, d):
+        """The fitted form's ε at k vectors in d dimensions (arrays broadcast)."""
         model = FIT_FORMS[self.form][0]
         k = np.asarray(k, dtype=np.float64)
         d = np.asarray(d, dtype=np.float64)
         return model((k, d), *self.params.values())
 
     def to_dict(self) -> dict:
-        """JSON-ready; an undefined metric (R² of constant data, say) is None."""
+        """The result as a JSON-ready dict; an undefined metric (R² of constant data, say) is None."""
         def num(v):
             return float(v) if np.isfinite(v) else None
 
@@ -98,11 +134,12 @@ class FitResult:
         }
 
     def plot(self, path: str) -> None:
-        """Measured against fitted ε (left) and ε against k per d, data and fit (right)."""
+        """Plots measured against fitted ε (left) and ε against k per d, data and fit (right), to `path`."""
         plotting.plot_fit(self, path)
 
 
 def _cells_arrays(cells, eps_key):
+    """(k, d, ε, cells without ε, packing method) of the cells, checked."""
     if isinstance(cells, (str, bytes)) or hasattr(cells, "__fspath__"):
         cells = load_cells(cells)
     if isinstance(cells, dict) and "cells" in cells:
@@ -142,22 +179,46 @@ def _cells_arrays(cells, eps_key):
 
 
 def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> FitResult:
-    """Fits the constants of a capacity form to measured ε(k, d) with scipy's curve_fit.
+    """Fits the constants of a capacity form to measured ε(k, d) with SciPy's curve_fit.
 
-    Forms (ε as a function of k vectors in d dimensions):
-      * "jl":       ε = sqrt(C ln k / d)
-      * "adjusted": ε = sqrt(C ln(k/d) / d)
-      * "full":     ε = sqrt(C ln(k^a/d)^b / d^c)   (fits C, a, b, c)
-    `cells`: sweep records (dicts with k, d and `eps_key`, default the packing's ε*), (k, d, ε)
-    triples, or the path of a sweep file. The adjusted and full forms need k > d: other cells
-    are excluded and listed in the result (never silently), as are cells without a value for
-    `eps_key`. Returns a FitResult with R², MAPE,
-    NRMSE, RMSE, the max error, and ``plot(path)``.
+    The forms, ε as a function of k vectors in d dimensions:
 
-    `p0`: the start, one number per constant within its bounds (default ``FIT_FORMS``). A fit that
-    does not converge in ``MAX_EVALUATIONS`` evaluations is a ValueError naming the form; a
-    constant that ends at a bound is listed in ``FitResult.at_bounds`` (and ``to_dict()``), with a
-    ``FitAtBoundWarning``.
+    * "jl": ε = sqrt(C ln k / d)
+    * "adjusted": ε = sqrt(C ln(k/d) / d)
+    * "full": ε = sqrt(C ln(k^a/d)^b / d^c) (fits C, a, b, c)
+
+    The adjusted and full forms need k > d: other cells are excluded and listed in the result
+    (never silently), as are cells without a value for `eps_key`. A constant that ends at a bound
+    of the fit (within ``AT_BOUND_RTOL``) is listed in ``FitResult.at_bounds`` (and
+    ``to_dict()``), with a ``FitAtBoundWarning``.
+
+    Args:
+        cells (list or dict or str or os.PathLike): sweep records (dicts with k, d and `eps_key`; a
+            dict with a "cells" list), (k, d, ε) triples, or the path of a sweep file. The cells
+            must come from one packing method.
+        form: "jl", "adjusted" or "full" (default).
+        eps_key: the key of the records' ε (default "eps_star", the packing's ε*).
+        p0 (sequence of float, optional): the start, one number per constant within its bounds
+            (default: ``FIT_FORMS``'s).
+
+    Returns:
+        FitResult: the constants, the fit's metrics (R², RMSE, NRMSE, MAPE, max error), the
+        excluded cells, and ``plot(path)``.
+
+    Raises:
+        ValueError: an unknown form; empty or malformed cells (a record without k, d or
+            `eps_key`, non-finite values, k < 2, d < 1, ε < 0); cells from several packing
+            methods; fewer usable cells than constants; p0 of the wrong length or outside the
+            bounds; a fit that does not converge in ``MAX_EVALUATIONS`` evaluations.
+        TypeError: a cell value or p0 of the wrong type (a bool, a string);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> cells = [{"k": k, "d": d, "eps_star": rf.capacity.full_epsilon(k, d)}
+        ...          for k in (100, 1000, 10000) for d in (16, 32, 64)]
+        >>> result = rf.fitting.fit(cells, "full")
+        >>> {name: round(v, 3) for name, v in result.params.items()}
+        {'C': 0.458, 'a': 1.067, 'b': 1.447, 'c': 0.972}
     """
     val.check_choice(form, "form", tuple(FIT_FORMS))
     from scipy.optimize import curve_fit  # SciPy's optimizers: imported when a fit runs
@@ -191,12 +252,13 @@ def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> Fit
 
 
 def _bounds_of(name, names, bounds) -> str:
+    """The bounds of constant `name` as "[lo, hi]"."""
     i = names.index(name)
     return f"[{bounds[0][i]:g}, {bounds[1][i]:g}]"
 
 
 def _check_p0(p0, form, names, bounds) -> tuple:
-    """p0: one finite number per constant of the form, within its bounds."""
+    """The start p0 checked: one finite number per constant of the form, within its bounds."""
     if isinstance(p0, (str, bytes)) or not hasattr(p0, "__len__") or getattr(p0, "ndim", 1) != 1:
         raise val.ArgumentTypeError(f"p0 must be a sequence of {len(names)} numbers ({', '.join(names)}) for the "
                                     f"{form} form, got {type(p0).__name__} {p0!r}")

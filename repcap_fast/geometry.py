@@ -1,6 +1,8 @@
-"""Subspace geometry of Subspace PGA (Xu 2026, DESIGN.md §1.4): the readout basis of an
-unembedding, random bases drawn uniformly from the Grassmannian, and centering with CCR (the top
-principal components removed). All in float64.
+"""Subspace geometry of Subspace PGA (Xu 2026, DESIGN.md §1.4), all in float64.
+
+The readout basis of an unembedding, random bases drawn uniformly from the Grassmannian, and
+centering with CCR (the top principal components removed). The public names are served from
+``repcap_fast.pga``.
 """
 
 from __future__ import annotations
@@ -24,9 +26,22 @@ _CHUNK_BYTES = 32 << 20
 
 
 class ReadoutBasis(NamedTuple):
-    """The top-k right singular vectors of W_U (d×k, float64, columns orthonormal), the top-k
-    singular values (descending, float64), and how they were found (`eigen.TopEigenpairs.solver`:
-    subspace iteration with its certified angle, or eigh)."""
+    """The readout subspace of an unembedding W_U, as ``readout_basis`` returns it.
+
+    Attributes:
+        basis (torch.Tensor): the top-k right singular vectors of W_U, d×k float64 with
+            orthonormal columns, each oriented so that its largest-magnitude entry is positive.
+        singular_values (torch.Tensor): the top-k singular values of W_U, (k,) float64,
+            descending.
+        solver (str): how they were found: "eigh", or "subspace iteration: R rounds, P products"
+            (with a certified angle to the exact subspace), or eigh as a fallback with its reason.
+
+    Example:
+        >>> W_U = torch.randn(50, 8, generator=torch.Generator().manual_seed(0))
+        >>> rb = rf.pga.readout_basis(W_U, k=3)
+        >>> rb.basis.shape, rb.singular_values.shape, rb.solver
+        (torch.Size([8, 3]), torch.Size([3]), 'eigh')
+    """
 
     basis: torch.Tensor
     singular_values: torch.Tensor
@@ -44,9 +59,11 @@ _DIGEST_WEIGHTS: Dict[str, torch.Tensor] = {}
 
 
 def content_digest(x: torch.Tensor) -> Tuple:
-    """A digest of a tensor's shape, dtype and every bit of its values. CPU tensors: BLAKE2b of
-    their bytes. Other devices: `_device_fingerprint`, computed where the tensor lives (no copy
-    to the host)."""
+    """A digest of a tensor's shape, dtype and every bit of its values.
+
+    CPU tensors: BLAKE2b of their bytes. Other devices: `_device_fingerprint`, computed where the
+    tensor lives (no copy to the host).
+    """
     x = x.detach()
     head = (tuple(x.shape), str(x.dtype), str(x.device))
     if x.device.type == "cpu":
@@ -56,10 +73,12 @@ def content_digest(x: torch.Tensor) -> Tuple:
 
 
 def _device_fingerprint(x: torch.Tensor) -> Tuple[int, int]:
-    """Two independent 31-bit hashes of x's 16-bit words w_i, in exact int64 arithmetic on x's
-    device: h = Σ_chunks B^(…) (Σ_i w_i c_i mod P) mod P, P = 2^31 − 1, with fixed pseudo-random
-    weights c_i < P per position in a chunk (every product < 2^47, every chunk sum < 2^51). An
-    edit of any words changes h unless Σ Δw_i c_i ≡ 0 (mod P): a chance of 1/P per hash."""
+    """Two independent 31-bit hashes of x's 16-bit words w_i, in exact int64 arithmetic on x's device.
+
+    h = Σ_chunks B^(…) (Σ_i w_i c_i mod P) mod P, P = 2^31 − 1, with fixed pseudo-random weights
+    c_i < P per position in a chunk (every product < 2^47, every chunk sum < 2^51). An edit of any
+    words changes h unless Σ Δw_i c_i ≡ 0 (mod P): a chance of 1/P per hash.
+    """
     words = x.contiguous().reshape(-1).view(torch.uint8)
     if words.numel() % 2:
         words = torch.cat([words, words.new_zeros(1)])
@@ -81,26 +100,56 @@ def _device_fingerprint(x: torch.Tensor) -> Tuple[int, int]:
 
 
 def clear_readout_cache() -> None:
-    """Forgets every cached readout basis (`readout_basis` decomposes W_U again) and every kept
-    null draw (`grassmann_bases` draws again)."""
+    """Forgets every cached readout basis and every kept null draw.
+
+    After it, ``readout_basis`` decomposes W_U again and ``grassmann_bases`` draws again (the
+    same values: both are deterministic). Use it to free their memory.
+
+    Returns:
+        None.
+
+    Example:
+        >>> rf.pga.clear_readout_cache()
+    """
     _READOUT_CACHE.clear()
     _DRAW_CACHE.clear()
 
 
 def readout_basis(W_U, k: int = 100, layout: str = "hf", *, solver: str = "auto") -> ReadoutBasis:
-    """Top-k right singular vectors of the unembedding W_U, through the d×d Gram in float64.
+    """The readout subspace of an unembedding: the top-k right singular vectors of W_U, in float64.
 
-    layout "hf": W_U is V×d (Hugging Face ``lm_head.weight``): the basis spans the row space,
-    the right singular vectors, eigenvectors of W_Uᵀ W_U. layout "tl": W_U is d×V (TransformerLens
-    ``W_U``): the same subspace is its column space, eigenvectors of W_U W_Uᵀ (its left singular
-    vectors). Never runs a dense SVD of V×d; the Gram is accumulated over row chunks in float64,
-    and its top k eigenpairs come from `eigen.top_eigenpairs` (certified subspace iteration when
-    k is small against d, else or as a fallback a full eigh; `solver` as there). Eigenvector
-    signs are fixed so that each basis vector's largest-magnitude entry is positive.
+    The basis B (d×k) holds the top k eigenvectors of the d×d Gram W_Uᵀ W_U (float64, accumulated
+    over row chunks; never a dense SVD of V×d), and the singular values are the square roots of
+    their eigenvalues. Each basis vector is oriented so that its largest-magnitude entry is
+    positive. Results are cached by the content of W_U (with k, layout and solver): a loop over
+    layers with one unembedding decomposes it once; the cache holds the last 8 results and
+    returns copies (``clear_readout_cache`` empties it).
 
-    Results are cached by `content_digest(W_U)` (with k, layout and solver): a profile or a loop
-    of calls over layers with the same unembedding decomposes it once. The cache holds the last
-    8 results; it returns copies.
+    Args:
+        W_U (torch.Tensor | numpy.ndarray): the unembedding, any float dtype, finite.
+        k: the readout dimension, 1 ≤ k < d. Defaults to 100.
+        layout: "hf" (default): W_U is V×d (Hugging Face ``lm_head.weight``), the basis spans its
+            row space; "tl": W_U is d×V (TransformerLens ``W_U``), the basis spans its column
+            space (the eigenvectors of W_U W_Uᵀ).
+        solver: the Gram's top eigenpairs, as ``eigen.top_eigenpairs``: "auto" (default;
+            certified subspace iteration when k is small against d, else a full eigh),
+            "iterate" (subspace iteration, eigh as a fallback) or "eigh".
+
+    Returns:
+        ReadoutBasis: (basis d×k, singular_values (k,), solver), float64 on W_U's device.
+
+    Raises:
+        ValueError: an unknown layout or solver; W_U not a 2-D float matrix (an
+            ``ArgumentTypeError``, also a TypeError, for another type or dtype), empty, or with
+            NaN/Inf; k not an int with 1 ≤ k < d.
+
+    Example:
+        >>> W_U = torch.randn(50, 8, generator=torch.Generator().manual_seed(0))  # V×d
+        >>> rb = rf.pga.readout_basis(W_U, k=3)
+        >>> rb.basis.shape, torch.allclose(rb.basis.T @ rb.basis, torch.eye(3, dtype=torch.float64))
+        (torch.Size([8, 3]), True)
+        >>> torch.allclose(rb.singular_values, torch.linalg.svdvals(W_U.double())[:3])
+        True
     """
     val.check_choice(layout, "layout", LAYOUTS)
     val.check_choice(solver, "solver", eigen.SOLVERS)
@@ -131,10 +180,12 @@ def readout_basis(W_U, k: int = 100, layout: str = "hf", *, solver: str = "auto"
 
 
 def readout_rank_note(singular_values: torch.Tensor, d: int) -> Optional[str]:
-    """None when all top-k singular values of W_U are nonzero, else a warning that says how many
-    are zero relative to the largest (below σ_max·√(d·eps₆₄), what the float64 Gram resolves):
+    """None when all top-k singular values of W_U are nonzero, else a warning that says how many are zero.
+
+    Zero is relative to the largest (below σ_max·√(d·eps₆₄), what the float64 Gram resolves):
     their basis vectors are arbitrary directions of W_U's null space, not readout directions.
-    Raises ValueError when W_U is all zeros (no readout direction at all)."""
+    Raises ValueError when W_U is all zeros (no readout direction at all).
+    """
     s = singular_values.to(torch.float64)  # on its device: only scalars are read
     k = int(s.numel())
     top = float(s.max()) if k else 0.0
@@ -152,11 +203,13 @@ def readout_rank_note(singular_values: torch.Tensor, d: int) -> Optional[str]:
 
 def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str,
                      d: int) -> Tuple[torch.Tensor, str, Optional[str]]:
-    """The d×k readout basis (float64) from exactly one of W_U (its top-k right singular vectors,
-    `readout_basis`) and `basis` (checked: d×k, 1 ≤ k < d, finite, orthonormal columns), how
-    it was found (`ReadoutBasis.solver` for W_U, "given" for a basis) and `readout_rank_note`'s
-    warning for W_U (None when its top k singular values are all nonzero, or for a basis).
-    Raises ValueError for an all-zero W_U."""
+    """The d×k readout basis (float64) from exactly one of W_U and `basis`, how it was found, and a note.
+
+    From W_U: its top-k right singular vectors (`readout_basis`); a `basis` is checked (d×k,
+    1 ≤ k < d, finite, orthonormal columns). How it was found: `ReadoutBasis.solver` for W_U,
+    "given" for a basis. The note: `readout_rank_note`'s warning for W_U (None when its top k
+    singular values are all nonzero, or for a basis). Raises ValueError for an all-zero W_U.
+    """
     if (W_U is None) == (basis is None):
         raise ValueError("pass exactly one of W_U (the unembedding) and basis (a d×k readout basis)")
     if basis is not None:
@@ -189,9 +242,11 @@ _DRAWS: contextvars.ContextVar[Optional[Dict[Tuple, torch.Tensor]]] = contextvar
 
 @contextlib.contextmanager
 def reused_draws() -> Iterator[None]:
-    """Inside this block grassmann_bases returns the very same tensor for the same arguments
-    instead of drawing again (pga_profile: one draw for every layer and CCR variant). The
-    tensors are held until the block ends; callers must not modify them."""
+    """Inside this block grassmann_bases returns the very same tensor for the same arguments.
+
+    It does not draw again (pga_profile: one draw for every layer and CCR variant). The tensors
+    are held until the block ends; callers must not modify them.
+    """
     token = _DRAWS.set({})
     try:
         yield
@@ -201,19 +256,43 @@ def reused_draws() -> Iterator[None]:
 
 def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, device="cpu",
                     backend: str = "auto") -> torch.Tensor:
-    """n orthonormal d×k bases drawn uniformly from the Grassmannian: QR of a standard Gaussian
-    d×k matrix with the signs fixed (R's diagonal made positive, which makes Q Haar-distributed).
+    """Draws n orthonormal d×k bases uniformly from the Grassmannian: the null subspaces of Subspace PGA.
 
-    The Gaussians are drawn on `device` by `ops.grassmann_normals` (Philox4x32-10, a
-    counter-based generator): entry (i, j) of basis b depends on (seed, b, i·k + j) alone, so a
-    seed gives the same bases on every device (to the rounding of log/cos/sin and of the
-    orthonormalization) and the first m of n bases are those of a draw of m. They are
-    orthonormalized in float64 on `device` in batches (CholeskyQR2 as batched GEMMs). Returns
-    (n, d, k), float64 by default. `backend` picks the generator's kernel (see grassmann_normals).
+    Each basis is Q of the QR factorization G = QR of a standard Gaussian d×k matrix G, with R's
+    diagonal made positive (which makes Q Haar-distributed). The Gaussians come from
+    ``ops.grassmann_normals`` (Philox4x32-10, counter-based): entry (i, j) of basis b depends on
+    (seed, b, i·k + j) alone, so a seed gives the same bases on every device (to the rounding of
+    log/cos/sin and of the orthonormalization), and the first m of n bases are those of a draw
+    of m. The last 2 draws of at most 256 MiB each are kept by their arguments: a repeated call
+    returns a copy without drawing again (``clear_readout_cache`` forgets them).
 
-    The last 2 draws of at most 256 MiB each are kept, on their device, by their arguments: a
-    repeated call (a loop over layers with one seed) returns a copy without drawing again.
-    `clear_readout_cache()` forgets them."""
+    Args:
+        d: the ambient dimension, an int ≥ 2.
+        k: the subspace dimension, 1 ≤ k < d.
+        n: the number of bases, ≥ 1.
+        seed: an int in [0, 2^63 − 1]. Defaults to 0.
+        dtype (torch.dtype): the returned dtype (they are computed in float64). Defaults to
+            torch.float64.
+        device (str | torch.device): where they are drawn and returned. Defaults to "cpu".
+        backend: the generator's kernel, as ``ops.grassmann_normals``: "auto" (default), "cpu",
+            "cuda", "triton" or "torch".
+
+    Returns:
+        torch.Tensor: (n, d, k) bases with orthonormal columns, in `dtype` on `device`.
+
+    Raises:
+        ValueError: d < 2, n < 1, k outside [1, d), a seed out of range, a device that does not
+            exist here or an unknown backend (an ``ArgumentTypeError``, also a TypeError, for an
+            argument of the wrong type).
+        repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
+
+    Example:
+        >>> B = rf.pga.grassmann_bases(8, 3, 4, seed=0)
+        >>> B.shape, torch.allclose(B.transpose(1, 2) @ B, torch.eye(3, dtype=torch.float64))
+        (torch.Size([4, 8, 3]), True)
+        >>> torch.equal(B[:2], rf.pga.grassmann_bases(8, 3, 2, seed=0))  # the first 2 of a draw of 4
+        True
+    """
     d, n = val.check_int(d, "d", 2), val.check_int(n, "n", 1)
     k = val.check_k(k, d)
     seed = val.check_seed(seed)
@@ -249,7 +328,8 @@ def _orthonormalize(g: torch.Tensor) -> torch.Tensor:
 
     CholeskyQR2 (R from the Cholesky factor of GᵀG, applied twice) is the same factorization
     and runs as batched GEMMs; it is used when it is accurate (well-conditioned G, always the
-    case for Gaussian G with k ≤ d/2), else Householder QR with the signs fixed."""
+    case for Gaussian G with k ≤ d/2), else Householder QR with the signs fixed.
+    """
     k = g.shape[-1]
     if 2 * k <= g.shape[-2]:
         q = g
@@ -275,8 +355,19 @@ def _orthonormalize(g: torch.Tensor) -> torch.Tensor:
 
 
 class CCRResult(NamedTuple):
-    """H centered with its top m principal directions removed (float64), and those directions
-    (m×d, rows orthonormal; empty for m = 0)."""
+    """H centered, with its top m principal directions removed, as ``center_and_ccr`` returns it.
+
+    Attributes:
+        H (torch.Tensor): the residual (H − mean)(I − RᵀR), N×d float64 at H's own scale.
+        removed (torch.Tensor): R, the removed directions, m×d float64 with orthonormal rows
+            (0×d for m = 0).
+
+    Example:
+        >>> H = torch.randn(20, 8, generator=torch.Generator().manual_seed(0))
+        >>> res = rf.pga.center_and_ccr(H, 2)
+        >>> res.H.shape, res.removed.shape
+        (torch.Size([20, 8]), torch.Size([2, 8]))
+    """
 
     H: torch.Tensor
     removed: torch.Tensor
@@ -286,15 +377,19 @@ CCR_BLOCK = 10  # CCR solves for at least this many directions, so CCR-1, -5 and
 
 
 def _ccr_directions(m: int, N: int, d: int) -> int:
-    """How many top directions CCR-m solves for: max(m, CCR_BLOCK, the context's `shared_ccr`),
-    below min(N, d). CCR-m keeps the first m: a call and a profile get the same bits."""
+    """How many top directions CCR-m solves for: max(m, CCR_BLOCK, the context's `shared_ccr`), below min(N, d).
+
+    CCR-m keeps the first m: a call and a profile get the same bits.
+    """
     return max(m, min(max(CCR_BLOCK, _SHARED_CCR.get()[0]), min(N, d) - 1))
 
 
 def _top_right_singular_vectors(x: torch.Tensor, m: int) -> torch.Tensor:
-    """The top-m right singular vectors of x (d×m, float64): eigenvectors of xᵀx (d×d) when
-    d ≤ N (`eigen.top_eigenpairs`: certified subspace iteration or eigh; they stay orthonormal
-    even past the rank of x); otherwise an SVD of x."""
+    """The top-m right singular vectors of x (d×m, float64).
+
+    They are the eigenvectors of xᵀx (d×d) when d ≤ N (`eigen.top_eigenpairs`: certified subspace
+    iteration or eigh; they stay orthonormal even past the rank of x); otherwise from an SVD of x.
+    """
     n, d = x.shape
     if d <= n:
         return eigen.top_eigenpairs(x.T @ x, m).vectors
@@ -309,9 +404,11 @@ _SHARED_CCR: contextvars.ContextVar[Tuple[int, Optional[Dict]]] = contextvars.Co
 
 @contextlib.contextmanager
 def shared_ccr(max_m: int) -> Iterator[None]:
-    """Inside this block CCR solves for at least max_m directions and reuses them for every CCR
-    variant of the same tensor H (pga_profile: one decomposition per layer for CCR {1, 5, 10}).
-    A tensor changed in place is decomposed again."""
+    """Inside this block CCR solves for at least max_m directions and reuses them for the same H.
+
+    Every CCR variant of the same tensor H shares them (pga_profile: one decomposition per layer
+    for CCR {1, 5, 10}). A tensor changed in place is decomposed again.
+    """
     token = _SHARED_CCR.set((int(max_m), {}))
     try:
         yield
@@ -320,8 +417,11 @@ def shared_ccr(max_m: int) -> Iterator[None]:
 
 
 def center_and_ccr_unscaled(H, m: int = 1) -> Tuple[torch.Tensor, torch.Tensor, float]:
-    """`center_and_ccr` before the residual is scaled back: (residual / s, directions, s), s the
-    power of two near max|H| (the residual of H near float64's maximum stays finite this way)."""
+    """`center_and_ccr` before the residual is scaled back: (residual / s, directions, s).
+
+    s is the power of two near max|H| (the residual of H near float64's maximum stays finite this
+    way).
+    """
     H = val.finite_matrix(H, "H")
     N, d = H.shape
     m = val.check_int(m, "ccr", 0)
@@ -338,9 +438,11 @@ def center_and_ccr_unscaled(H, m: int = 1) -> Tuple[torch.Tensor, torch.Tensor, 
 
 
 def _shared_directions(H, x: torch.Tensor, m: int) -> torch.Tensor:
-    """The top-m directions of the centered x (m×d, signs fixed), reused within `shared_ccr`
-    for the same values of H: the same storage, shape and strides at the same version (H is held
-    while the block lasts, so its memory cannot be reused by another tensor)."""
+    """The top-m directions of the centered x (m×d, signs fixed), reused within `shared_ccr`.
+
+    They are reused for the same values of H: the same storage, shape and strides at the same
+    version (H is held while the block lasts, so its memory cannot be reused by another tensor).
+    """
     cache = _SHARED_CCR.get()[1]
     if cache is None:
         return _fix_signs(_top_right_singular_vectors(x, m)).T.contiguous()
@@ -353,10 +455,30 @@ def _shared_directions(H, x: torch.Tensor, m: int) -> torch.Tensor:
 def center_and_ccr(H, m: int = 1) -> CCRResult:
     """Subtracts the token mean and removes the top m principal components (CCR-m), in float64.
 
-    The directions are the top-m right singular vectors of the centered H (eigenvectors of HᵀH
-    when d ≤ N, else an SVD; float64); m = 0 only centers. They are found for H/s, s a power of
-    two near max|H| (an exact scaling), so H of any float64 magnitude (1e-200 or 1e200) gives the
-    directions of H; the residual is returned at H's own scale.
+    With X = H − mean(H) (the mean over tokens) and R (m×d) the top-m right singular vectors of
+    X, the residual is X − (X Rᵀ) R; m = 0 only centers. The directions are found for H/s, s a
+    power of two near max|H| (an exact scaling), so H of any float64 magnitude (1e-200 or 1e200)
+    gives the directions of H; the residual is returned at H's own scale. Each direction is
+    oriented so that its largest-magnitude entry is positive.
+
+    Args:
+        H (torch.Tensor | numpy.ndarray): N×d hidden states, any float dtype, finite.
+        m: the number of principal components removed, 0 ≤ m < min(N, d). Defaults to 1.
+
+    Returns:
+        CCRResult: (H, removed): the N×d float64 residual and the m×d removed directions.
+
+    Raises:
+        ValueError: H not a 2-D float matrix (an ``ArgumentTypeError``, also a TypeError, for
+            another type or dtype), empty, or with NaN/Inf; m not an int with 0 ≤ m < min(N, d).
+
+    Example:
+        >>> H = torch.randn(20, 8, generator=torch.Generator().manual_seed(0))
+        >>> res = rf.pga.center_and_ccr(H, m=2)
+        >>> res.H.shape, res.removed.shape
+        (torch.Size([20, 8]), torch.Size([2, 8]))
+        >>> float(res.H.mean(0).abs().max()) < 1e-12, float((res.H @ res.removed.T).abs().max()) < 1e-12
+        (True, True)
     """
     x, removed, scale = center_and_ccr_unscaled(H, m)
     return CCRResult(x * scale, removed)

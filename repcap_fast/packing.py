@@ -4,7 +4,9 @@
 through the streaming penalty kernel (``gram_offdiag_penalty``, never k×k). ``sweep`` runs a
 (k, d) grid and writes every finished cell at once, so an interrupted sweep resumes where it
 stopped. ``fitting.fit`` then fits the constants of the capacity formulas to ε*; sweep files are
-repcap_fast.sweep_file.
+repcap_fast.sweep_file. ``PackingResult``, ``default_lr`` and ``default_p`` live in
+repcap_fast.packing_result and the sweep's cell loop in repcap_fast.packing_sweep; all are served
+from here.
 
 Vectors are the rows of a k×d matrix here; the paper's code stores them as the columns of d×k.
 """
@@ -13,9 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional
 
 import torch
@@ -34,7 +35,9 @@ from .ops.gram_offdiag_penalty import (
 from .ops.pairwise_cosine_stats import pairwise_cosine_stats
 from .packing_memory import check_memory
 from .packing_methods import METHODS, MethodSettings, PackingDiverged  # noqa: F401  method= names; optimize raises
-from .sweep_file import (  # noqa: F401  SWEEP_FORMAT: the format tag of sweep files, also read from here
+from .packing_result import PackingResult, default_lr, default_p
+from .packing_sweep import run_sweep
+from .sweep_file import (  # noqa: F401  the sweep file's names, also served from here (packing.SWEEP_FORMAT, ...)
     CELL_FIELDS,
     SETTING_KEYS,
     SWEEP_FORMAT,
@@ -54,78 +57,13 @@ from .sweep_file import (  # noqa: F401  SWEEP_FORMAT: the format tag of sweep f
 _PROGRESS_FLOPS = 2e11  # show a progress bar above about this much work (a few CPU seconds)
 
 
-def default_lr(d: int) -> float:
-    """The paper's learning rate: 0.005 for d ≤ 1024, else 0.0025."""
-    return 0.005 if val.check_int(d, "d", 1) <= 1024 else 0.0025
-
-
-def default_p(k: int, d: int) -> int:
-    """The paper's exponent p = min(int(m / ln d), 20), with m = 40 if k ≤ 4000, else 50 if
-    d ≥ 3072, else 60 (d = 1 gives 20; p is at least 1)."""
-    k, d = val.check_int(k, "k", 1), val.check_int(d, "d", 1)
-    m = 40 if k <= 4000 else (50 if d >= 3072 else 60)
-    if d <= 1:
-        return 20
-    return max(1, min(int(m / math.log(d)), 20))
-
-
-@dataclass
-class PackingResult:
-    """One packing run. ``eps_star`` = max_{i≠j}|ĝ_ij| of the final vectors (after the last step
-    and the polish); ``loss_history[s]`` is the objective step s evaluated (before its update):
-    Σ|ĝ|^p for "paper", (1/p)·ln Σ|ĝ|^p at that step's p for "p-continuation", "riemannian" and
-    "minimax", the log-sum-exp for "smooth-max", at the steps' ``precision``, except the first and
-    the last entries, which are always the exact kernel's ("highest"): ``loss_init`` and
-    ``loss_final``; ``polish_history[s]`` is ε* after polish step s.
-    ``p`` is the fixed p of "paper" and the last p (or sharpness) of the continuation methods."""
-
-    k: int
-    d: int
-    steps: int
-    p: int
-    lr: float
-    seed: int
-    dtype: str
-    device: str
-    backend: str
-    eps_star: float
-    eps_star_init: float
-    mean: float
-    std: float
-    mu_plus_2sigma: float
-    welch: float
-    loss_init: float
-    loss_final: float
-    loss_history: List[float] = field(repr=False, default_factory=list)
-    seconds: float = float("nan")
-    precision: str = "highest"
-    method: str = "paper"
-    p_start: int = 0
-    polish_steps: int = 0
-    polish_history: List[float] = field(repr=False, default_factory=list)
-
-    @property
-    def eps_over_welch(self) -> float:
-        """ε* / Welch bound (≥ 1 for any packing; inf when the bound is 0, i.e. k ≤ d)."""
-        return self.eps_star / self.welch if self.welch > 0 else math.inf
-
-    def to_dict(self, history: bool = True, timing: bool = True) -> dict:
-        out = asdict(self)
-        out["eps_over_welch"] = self.eps_over_welch if math.isfinite(self.eps_over_welch) else None
-        out["eps_minus_welch"] = self.eps_star - self.welch
-        if not history:
-            out.pop("loss_history")
-            out.pop("polish_history")
-        if not timing:
-            out.pop("seconds")
-        return out
-
-
 def _eps_stats(x: torch.Tensor, backend: str):
-    """(ε* = max|ĝ|, mean, std) of the off-diagonal ĝ_ij (pairs i<j), streamed by kernel 1 at
-    precision "highest" (whatever the steps used). For float64 vectors ε* is then measured again
-    in float64 (row blocks of b×k), since kernel 1 forms float32 dot products: a packing at an
-    optimum known to 1e-15 would read 1e-8 off."""
+    """(ε* = max|ĝ|, mean, std) of the off-diagonal ĝ_ij (pairs i<j), at precision "highest".
+
+    Streamed by kernel 1 (whatever precision the steps used). For float64 vectors ε* is then
+    measured again in float64 (row blocks of b×k), since kernel 1 forms float32 dot products: a
+    packing at an optimum known to 1e-15 would read 1e-8 off.
+    """
     stats = pairwise_cosine_stats(x, bins=1, backend=backend, progress=False)
     eps = max(abs(stats.min), abs(stats.max))
     if x.dtype == torch.float64:
@@ -151,42 +89,74 @@ def optimize(
     p_start: Optional[int] = None,
     polish_steps: Optional[int] = None,
 ) -> PackingResult:
-    """Packs k unit vectors in R^d: with method="paper" (default) by minimizing Σ_{i≠j}|ĝ_ij|^p
-    with Adam, the paper's setup, bit for bit; the other methods of ``packing_methods.METHODS``
-    drive ε* lower ("minimax" lowest, measured in the README's "Packing methods").
-    ``PENALTY_PRECISIONS``: the values of `precision`.
+    """Packs k unit vectors in R^d: minimizes their coherence ε* = max_{i≠j}|ĝ_ij| from a random start.
 
-    The vectors are the rows of a k×d parameter initialized from a seeded standard normal (drawn
-    on the CPU, so the start does not depend on the device) and row-normalized; the loss is
-    computed on the row-normalized vectors every step and the raw parameters are never
-    projected back. Defaults follow the paper: lr = ``default_lr(d)``, p = ``default_p(k, d)``.
-    k ≤ d is allowed: the optimum is then exact orthogonality (ε* → 0). precision: the operands
-    of the penalty steps' float32 GEMMs: "highest" (IEEE float32), "tf32" or "bf16" (GPU tensor
-    cores; the cpu backend emulates them by rounding the operands, csrc/operand_rounding.h). ε*,
-    μ + 2σ and the statistics of the result are always measured at "highest", and so are the
-    reported first and last losses (``loss_init``, ``loss_final``: the exact kernel evaluates the
-    same vectors again). float64 runs in float64 at any precision; "smooth-max" takes "highest"
-    only (its objective is streamed by PyTorch, not by the penalty kernel).
+    With method="paper" (default), the paper's setup bit for bit: the vectors are the rows of a
+    k×d parameter X drawn from a seeded standard normal (on the CPU, so the start does not depend
+    on the device), and Adam minimizes L = Σ_{i≠j}|ĝ_ij|^p, ĝ_ij = x̂_i·x̂_j the cosines of the
+    row-normalized X, through the streaming penalty kernel (``gram_offdiag_penalty``, never k×k);
+    the raw parameters are never projected back. The other methods of ``METHODS``
+    ("p-continuation", "smooth-max", "riemannian", "minimax"; see ``repcap_fast.packing_methods``)
+    drive ε* lower. k ≤ d is allowed: the optimum is then exact orthogonality (ε* → 0). ε* is
+    read after all `steps` updates (the paper's script reads it in the forward pass of its last
+    step, after steps − 1).
 
-    Returns ε* = max|ĝ| after the last step, μ + 2σ of the final off-diagonal ĝ, ε* of the
-    random start, the Welch lower bound for (k, d), the loss of every step (``loss_history[s]``
-    is the loss evaluated by step s, before its update) and the backend that ran.
-    (The paper's script reads ε* in the forward pass of its last step, i.e. after steps − 1
-    updates; here it is read after all `steps` updates.)
+    Args:
+        k: the number of vectors, an int ≥ 2.
+        d: their dimension, an int ≥ 1.
+        steps: optimizer steps, ≥ 1. Defaults to 5000.
+        p: for "paper" the fixed exponent (default ``default_p(k, d)``); for the other methods the
+            last p of the continuation (default ``packing_methods.DEFAULT_P_END``, 1024). At most
+            the kernels' limit on a kernel backend.
+        lr: the learning rate, > 0. For "paper" default ``default_lr(d)``; for the other methods
+            the first of a schedule that decays geometrically to 1% of it (default
+            2·``default_lr(d)``).
+        seed: the seed of the random start, in [0, 2^63 − 1]. Defaults to 0.
+        device (str | torch.device): where the vectors live. Defaults to "cpu".
+        dtype (torch.dtype | str): float32 (default), bfloat16 or float64; float16 is refused.
+            The continuation methods run bfloat16 in float32 and round the result to it.
+        backend: the penalty kernel: "auto" (default), "cpu", "cuda", "triton" or "torch".
+        precision: the operands of the penalty steps' float32 GEMMs, one of
+            ``PENALTY_PRECISIONS``: "highest" (IEEE float32, default), "tf32" or "bf16" (GPU
+            tensor cores; the cpu backend emulates them by rounding the operands). ε*, the
+            statistics, ``loss_init`` and ``loss_final`` are always measured at "highest";
+            float64 runs in float64 at any precision; "smooth-max" takes "highest" only.
+        progress: a progress bar over the steps; None (default) shows one above a few CPU seconds
+            of work.
+        group (torch.distributed.ProcessGroup): the process group to split the run across
+            (default None: torchrun's default group when it has more than one rank, else this
+            process alone). Each rank owns a contiguous block of rows and their
+            Adam state; every step the ranks all-gather the rows and each computes its rows' loss
+            and gradient against all k rows (``gram_offdiag_penalty_block``); the trajectory is
+            the single-process one up to float rounding. Only method="paper" without a polish
+            runs across ranks.
+        method: the optimizer, one of ``METHODS``. Defaults to "paper".
+        p_start: the first p of a continuation method (default 4, at most p); not for "paper".
+        polish_steps: active-set polish steps (linear programs, float64 on the CPU) after the
+            optimizer, ≥ 0 (default 40 for "minimax", else 0; any method may be polished).
 
-    Across ranks (`group=`, or torchrun's default group): each rank owns a contiguous block of
-    rows and the Adam state of those rows only. Every step the ranks all-gather the rows, each
-    computes its rows' loss and gradient with the fused kernel run on its block against all k rows
-    (`gram_offdiag_penalty_block`), and the losses are summed. The trajectory is the
-    single-process one up to float rounding (the kernel's tiles start at other rows). Only
-    method="paper" runs across ranks.
+    Returns:
+        PackingResult: ε* after the last step and the polish, ε* of the random start, the mean,
+        std and μ + 2σ of the final ĝ_ij, the Welch bound for (k, d), the objective of every step
+        (``loss_history[s]``, evaluated by step s before its update), and the settings and the
+        backend that ran.
 
-    The other methods (see ``repcap_fast.packing_methods``): p is the last p of the continuation
-    (default ``packing_methods.DEFAULT_P_END``, 1024), `p_start` its first (default 4), lr the
-    first learning rate (default 2·``default_lr(d)``, decayed geometrically to 1% of it), and
-    `polish_steps` the active-set polish steps after the optimizer (default 40 for "minimax",
-    else 0; any method may be polished). They run in float32 for bfloat16 (the result is rounded
-    to bfloat16 at the end), float64 for float64.
+    Raises:
+        ValueError: an argument out of range, or of the wrong type (an ``ArgumentTypeError``,
+            also a TypeError): k < 2, d < 1, steps < 1, an unknown device, backend, dtype,
+            method or precision, dtype float16, p beyond the backend's limit, p_start given for
+            "paper" or above p, lr ≤ 0, a precision other than "highest" for "smooth-max", a
+            method other than "paper" (or a polish) across ranks, or a k×d run that does not fit
+            in the memory of the host or the device.
+        PackingDiverged: the vectors became NaN/Inf or collapsed to zero (an lr too large for the
+            dtype); a RuntimeError.
+        RuntimeError: `group` given while torch.distributed is not initialized; across ranks,
+            ``distributed.RankFailure`` on every rank when one fails.
+
+    Example:
+        >>> res = rf.packing.optimize(6, 3, steps=20, method="minimax", polish_steps=20, progress=False)
+        >>> round(res.eps_star, 4), round(res.welch, 4)  # the 6 axes of the icosahedron meet the bound
+        (0.4472, 0.4472)
     """
     group = distributed.resolve_group(group)
     run = distributed.prepare_on_every_rank("optimize", group, _check_run, k, d, steps, p, lr, seed, device, dtype,
@@ -313,8 +283,11 @@ def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision, meth
 
 
 def _step_loss(X: torch.Tensor, run: _Run, step: int) -> torch.Tensor:
-    """The penalty of one step; vectors that became NaN/Inf are reported as the optimizer's
-    divergence (with the step and the settings), not as a bad input."""
+    """The penalty of one step.
+
+    Vectors that became NaN/Inf are reported as the optimizer's divergence (with the step and the
+    settings), not as a bad input.
+    """
     try:
         return gram_offdiag_penalty(X, run.p, normalize=True, reduction="sum", backend=run.backend,
                                     precision=run.precision)
@@ -326,8 +299,11 @@ def _step_loss(X: torch.Tensor, run: _Run, step: int) -> torch.Tensor:
 
 
 def _reports_exact(run: _Run, step: int) -> bool:
-    """Whether the loss recorded for `step` is evaluated again by the exact kernel: the first and
-    the last step of a run whose steps use a reduced precision (loss_init and loss_final)."""
+    """Whether the loss recorded for `step` is evaluated again by the exact kernel.
+
+    So it is for the first and the last step of a run whose steps use a reduced precision
+    (loss_init and loss_final).
+    """
     return run.precision != "highest" and step in (0, run.steps - 1)
 
 
@@ -381,8 +357,10 @@ def _optimize_across_ranks(run: _Run, progress, group) -> PackingResult:
         return torch.cat([piece[: len(sh)] for piece, sh in zip(pieces, shares)]).to(full.device)
 
     def block_step(rows: torch.Tensor, exact: bool):
-        """This rank's part of the loss and its rows' gradient at the steps' precision; with
-        `exact`, the part from the exact kernel instead (loss_init and loss_final)."""
+        """This rank's part of the loss and its rows' gradient at the steps' precision.
+
+        With `exact`, the part comes from the exact kernel instead (loss_init and loss_final).
+        """
         if not len(own):
             return torch.zeros((), dtype=torch.float64), None
         part, grad = gram_offdiag_penalty_block(rows, own.start, own.stop, run.p, run.backend, run.precision)
@@ -411,33 +389,6 @@ def _optimize_across_ranks(run: _Run, progress, group) -> PackingResult:
 
 # ----------------------------------------------------------------------------------- sweep
 
-def _cell_record(result: PackingResult) -> dict:
-    # Timings and the device are left out so that a resumed sweep writes the same file as an
-    # uninterrupted one; the loss history is left out to keep the file small.
-    rec = result.to_dict(history=False, timing=False)
-    rec.pop("device")
-    rec.pop("backend")
-    return {key: rec[key] for key in CELL_FIELDS}
-
-
-def _cell_settings(k: int, d: int, want: dict) -> dict:
-    """The settings a cell (k, d) of a sweep with settings `want` is made with (p, p_start,
-    polish_steps and lr left as None resolved to the method's defaults for that cell)."""
-    settings = methods.check_method(want["method"], want["p"], want["p_start"], want["polish_steps"],
-                                    default_p(k, d), int)
-    return {"steps": want["steps"], "seed": want["seed"], "dtype": want["dtype"], "precision": want["precision"],
-            "lr": want["lr"] if want["lr"] is not None else methods.default_lr(want["method"], default_lr(d)),
-            **settings.to_dict()}
-
-
-def _matches(cell: dict, want: dict) -> bool:
-    """Whether a finished cell was made with the sweep's settings (the method and its settings,
-    steps, seed, dtype, precision and lr; those not given resolved to their defaults for the
-    cell's (k, d))."""
-    expected = _cell_settings(cell["k"], cell["d"], want)
-    return all(cell[key] == expected[key] for key in SETTING_KEYS)
-
-
 def sweep(
     ks: Iterable[int],
     ds: Iterable[int],
@@ -459,32 +410,70 @@ def sweep(
     polish_steps: Optional[int] = None,
     precision: str = "highest",
 ) -> List[dict]:
-    """Runs ``optimize`` on every (k, d) of the grid (d outer, k inner) and rewrites `out` after
-    each finished cell (JSON, or CSV when `out` ends in .csv), atomically.
+    """Runs ``optimize`` on every cell (k, d) of a grid and writes each finished cell to `out` at once.
 
-    Every cell records its method and the method's settings (``method``, ``p_start``, ``p``,
-    ``polish_steps``; see ``optimize``) and the precision of its steps. With resume=True (default)
-    the cells already in `out` with the same settings (method and its settings, steps, seed,
-    dtype, precision and lr, where those left as None mean their defaults for each cell) are kept
-    and skipped, so a killed sweep loses at most the cell in flight; a cell made by another method
-    (or other settings, or another precision) is an error, so one file never mixes methods or
-    precisions. resume=False starts the
-    sweep file anew (a file that is not a sweep file is never overwritten). A cell of `out` with
-    other settings is an error (use another file). Repeated values in ks or ds run once.
-    `on_cell(record)` is called after each cell is written. precision: of the penalty steps, as in
-    ``optimize`` (ε*, μ + 2σ and the recorded losses are the exact kernel's at any precision).
-    Shows the cells done and an ETA. Returns the records in grid order.
+    The cells run d outer, k inner; `out` (JSON, or CSV when it ends in .csv) is rewritten
+    atomically after each, so a killed sweep loses at most the cell in flight and a resume runs
+    only the cells not on disk. Every cell records its method and the method's settings
+    (``method``, ``p_start``, ``p``, ``polish_steps``), steps, seed, dtype, precision and lr, and
+    ε*, the statistics and the losses of its ``PackingResult`` (``repcap_fast.sweep_file.CELL_FIELDS``).
+    One file holds one method and its settings. One sweep at a time writes `out`: it holds an
+    exclusive lock (``out.lock``, removed at the end, released if the process dies).
 
-    Across ranks (a process group given as `group=`, or torchrun's default group): the cells left
-    to do are split by their cost (k²·d·steps), each rank runs its own and writes each finished
-    cell at once to its part file `out.partR` (R its rank); at the end rank 0 merges the part files
-    into `out` and removes them. A resume (with any number of ranks) reads `out` and every part
-    file, so a killed rank loses at most its cell in flight. Rank 0 shows the progress and ETA of
-    its own cells. Every rank returns the same records.
+    Args:
+        ks: the numbers of vectors, ints ≥ 2; repeats run once.
+        ds: the dimensions, ints ≥ 1; repeats run once.
+        out: the sweep file; its folder is created.
+        steps: optimizer steps per cell. Defaults to 5000.
+        p: the exponent, as in ``optimize`` (None: its default for each cell).
+        lr: the learning rate, as in ``optimize`` (None: its default for each cell).
+        seed: the seed of every cell's random start. Defaults to 0.
+        device (str | torch.device): where the cells run. Defaults to "cpu".
+        dtype (torch.dtype | str): the vectors' dtype, as in ``optimize``. Defaults to float32.
+        backend: the penalty kernel, as in ``optimize``. Defaults to "auto".
+        resume: keep and skip the cells already in `out` (and in the part files of a sweep across
+            ranks) made with the same settings, where settings left as None mean their defaults
+            for each cell. False starts the file anew (a file that is not a sweep file is never
+            overwritten). Defaults to True.
+        progress: show the cells done and an ETA. Defaults to True.
+        on_cell: called with each cell's record after it is written. Defaults to None.
+        group (torch.distributed.ProcessGroup): the process group to split the cells across
+            (default None: torchrun's default group when it has more than one rank, else this
+            process alone). The cells left to do are split by their cost
+            (k²·d·steps); each rank writes its finished cells at once to its part file
+            ``out.partR`` (R its rank), and at the end rank 0 merges the part files into `out`
+            and removes them. A resume, with any number of ranks, reads `out` and every part
+            file. Every rank returns the same records.
+        method: the optimizer, one of ``METHODS``. Defaults to "paper".
+        p_start: the first p of a continuation method, as in ``optimize``.
+        polish_steps: active-set polish steps, as in ``optimize``.
+        precision: the operands of the penalty steps, as in ``optimize`` (ε*, μ + 2σ and the
+            recorded losses are the exact kernel's at any precision). Defaults to "highest".
 
-    One sweep at a time writes `out`: the sweep (rank 0 across ranks) holds an exclusive lock on it
-    (``out.lock``, removed at the end, released if the process dies), and a second sweep on the same
-    file is refused at once with a ValueError (across ranks: on every rank).
+    Returns:
+        List[dict]: the records of the grid's cells, in grid order (d outer, k inner).
+
+    Raises:
+        ValueError: an argument as ``optimize`` refuses it (an ``ArgumentTypeError``, also a
+            TypeError, for a wrong type), ks or ds empty, `out` a folder, not writable, or an
+            existing file that is not a sweep file, a torn or corrupt sweep file on resume, a
+            cell of `out` made with other settings, another sweep writing `out`, or a cell left
+            to run that does not fit in memory.
+        PackingDiverged: a cell's vectors became NaN/Inf (see ``optimize``); the cells written
+            before it stay in `out`.
+        RuntimeError: `group` given while torch.distributed is not initialized; across ranks,
+            ``distributed.RankFailure`` on every rank when one fails.
+
+    Example:
+        >>> import os, shutil, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> out = os.path.join(folder, "sweep.json")
+        >>> cells = rf.packing.sweep([4, 6], [3], out, steps=20, progress=False)
+        >>> [(c["k"], c["d"], c["method"]) for c in cells]
+        [(4, 3, 'paper'), (6, 3, 'paper')]
+        >>> len(rf.packing.load_cells(out))  # a second call with these settings would run nothing
+        2
+        >>> shutil.rmtree(folder)
     """
     ks, ds = grid_values(ks, "ks", 2), grid_values(ds, "ds", 1)
     if not ks or not ds:
@@ -519,83 +508,9 @@ def sweep(
             lock()
         else:  # rank 0 takes it; all raise if it cannot
             distributed.run_on_every_rank("sweep (lock)", lock, group)
-        return _sweep_locked(ks, ds, out, want, run, resume, progress, on_cell, group, rank, world)
-
-
-def _sweep_locked(ks, ds, out, want, run, resume, progress, on_cell, group, rank, world) -> List[dict]:
-    """The sweep of `sweep`, its arguments checked and `out` locked."""
-    steps = want["steps"]
-    if resume:
-        try:
-            existing = read_cells(out)
-        except ValueError as exc:
-            if is_sweep_file(out):  # a torn or corrupted sweep file: say how to start over
-                raise ValueError(f"{exc}; resume=False (repcap sweep --restart) starts {out!r} anew") from None
-            raise
-    elif not is_sweep_file(out):
-        read_cells(out)  # never overwrite a foreign file, even when starting anew ([] when there is none)
-    parts = part_files(out)
-    if not resume:
-        existing = []
-        if group is None or rank == 0:
-            remove_part_files(out, parts)
-        parts = []
-    # One record per cell: exact repeats across out and the part files are dropped, conflicts refused.
-    existing = merge_cells([(out, existing)] + [(path, read_cells(path)) for path in parts])
-    for cell in existing:
-        if not _matches(cell, want):
-            raise ValueError(
-                f"out={out!r} holds a cell (k={cell['k']}, d={cell['d']}) made with other settings "
-                f"({ {key: cell[key] for key in SETTING_KEYS} }; this sweep would make it with "
-                f"{ {key: _cell_settings(cell['k'], cell['d'], want)[key] for key in SETTING_KEYS} }); one file "
-                "holds one method and its settings: use another file or resume=False"
-            )
-    done = {(c["k"], c["d"]): c for c in existing}
-    grid = [(k, d) for d in ds for k in ks]
-    todo = [cell for cell in grid if cell not in done]
-    device = val.check_device(run["device"])
-    for k, d in todo:  # every cell left to run fits in memory, before the first runs (done cells need none)
-        check_memory(k, d, run["dtype"], device, resolve_backend(run["backend"], device, "gram_offdiag_penalty"))
-    if group is None and parts:  # a distributed sweep was cut short: its part files join `out` now
-        write_cells(out, grid_order(done, grid))
-    if group is None:  # (also the temporary file of a rank killed in its first write, with no part file)
-        remove_part_files(out, parts)
-    if group is not None:
-        distributed.check_same_on_all_ranks("sweep", {"grid": grid, "settings": want, "out": os.path.abspath(out),
-                                                      "todo": todo}, group)
-        owner = distributed.assign_units([k * k * d * steps for k, d in todo], world)
-        todo = [cell for cell, o in zip(todo, owner) if o == rank]
-    mine = read_cells(part_file(out, rank)) if group is not None and resume else []
-
-    def run_mine():
-        with distributed.local(), \
-                progress_bar(progress and rank == 0, total=len(todo), unit="cell", leave=True,
-                             desc="sweep" if group is None else f"sweep, rank 0 of {world}") as bar:
-            for k, d in todo:  # each rank's cells are its own: no op inside may meet the other ranks
-                bar.set_postfix_str(f"k={k} d={d}")
-                result = optimize(k, d, progress=False, **run)
-                done[(k, d)] = _cell_record(result)
-                if group is None:
-                    write_cells(out, grid_order(done, grid))
-                else:
-                    mine.append(done[(k, d)])
-                    write_cells(part_file(out, rank), mine)
-                bar.update(1)
-                if on_cell is not None:
-                    on_cell(done[(k, d)])
-
-    if group is None:
-        run_mine()
-        return [done[c] for c in grid]
-    distributed.run_on_every_rank("sweep", run_mine, group)  # every rank has finished (or all raise)
-    if rank == 0:  # merge the part files into out, then remove them
-        merged = {(c["k"], c["d"]): c for c in merge_cells([(out, existing if resume else [])] +
-                                                          [(path, read_cells(path)) for path in part_files(out)])}
-        write_cells(out, grid_order(merged, grid))
-        remove_part_files(out, part_files(out))
-    distributed.run_on_every_rank("sweep (merge)", lambda: None, group)
-    final = {(c["k"], c["d"]): c for c in read_cells(out)}
-    return [final[c] for c in grid]
+        # optimize and write_cells as this module holds them now (a test may have replaced them)
+        return run_sweep(ks, ds, out, want, run, resume, progress, on_cell, group, rank, world, optimize=optimize,
+                         write_cells=write_cells)
 
 
 __all__ = ["PENALTY_PRECISIONS", "PackingResult", "default_lr", "default_p", "load_cells", "optimize", "sweep"]

@@ -1,6 +1,8 @@
-"""The memory a packing run needs, checked before any allocation: `repcap pack --k 1000000000000`
-is refused at once, with the memory it would need, instead of failing inside the allocator (or
-being killed by the OOM killer) after minutes of work."""
+"""The memory a packing run needs, checked before any allocation.
+
+`repcap pack --k 1000000000000` is refused at once, with the memory it would need, instead of
+failing inside the allocator (or being killed by the OOM killer) after minutes of work.
+"""
 
 from __future__ import annotations
 
@@ -35,10 +37,12 @@ def _gib(n: float) -> str:
 
 
 def check_memory(k: int, d: int, dtype: torch.dtype, device: torch.device, backend: str) -> None:
-    """Raises ValueError naming k and d when a packing of k vectors in R^d cannot fit: the
-    float64 start (k×d, on the CPU), the run's copies of the vectors in its compute dtype and, for
-    the torch backend, its k×k float64 Gram matrices, against the physical memory of the host
-    and the total memory of the device."""
+    """Raises ValueError naming k and d when a packing of k vectors in R^d cannot fit in memory.
+
+    Counted: the float64 start (k×d, on the CPU), the run's copies of the vectors in its compute
+    dtype and, for the torch backend, its k×k float64 Gram matrices, against the physical memory
+    of the host and the total memory of the device.
+    """
     itemsize = torch.empty((), dtype=val.compute_dtype(dtype)).element_size()
     start = 8 * k * d
     run = _COPIES * itemsize * k * d + (3 * 8 * k * k if backend == "torch" else 0)

@@ -1,5 +1,7 @@
-"""The optimizers behind ``packing.optimize(method=...)``: how k unit vectors in R^d are driven
-to a small coherence ε* = max_{i≠j}|ĝ_ij|. The kernels they call live in ``repcap_fast.ops``.
+"""The optimizers behind ``packing.optimize(method=...)``, and the active-set polish.
+
+They drive k unit vectors in R^d to a small coherence ε* = max_{i≠j}|ĝ_ij|. The kernels they call
+live in ``repcap_fast.ops``.
 
 Methods (``METHODS``):
 
@@ -19,8 +21,7 @@ Methods (``METHODS``):
   unit rows), Adam's first moment is carried to the new tangent spaces by projection, its second
   moment is one number per row (the sphere of each row is one factor of the product manifold),
   and each step is retracted by normalizing.
-* ``"minimax"``: ``"riemannian"`` followed by ``polish_steps`` of the active-set polish below. The
-  best method as measured on the paper's cells (README: "Packing methods").
+* ``"minimax"``: ``"riemannian"`` followed by ``polish_steps`` of the active-set polish below.
 
 The active-set polish (any method, ``polish_steps`` > 0): sequential linear programming on the
 pairs near the maximum. Each step linearizes ĝ_ij(x + δ) ≈ ĝ_ij + x̂_j·δ_i + x̂_i·δ_j for the pairs
@@ -60,7 +61,8 @@ class MethodSettings:
     """One packing method and its settings, as recorded with every result and sweep cell.
 
     p_start, p_end: the continuation's first and last p (the sharpness q of "smooth-max"); equal
-    for "paper" (its fixed p). polish_steps: active-set polish steps after the optimizer."""
+    for "paper" (its fixed p). polish_steps: active-set polish steps after the optimizer.
+    """
 
     method: str
     p_start: int
@@ -68,12 +70,16 @@ class MethodSettings:
     polish_steps: int
 
     def to_dict(self) -> dict:
+        """The settings as a sweep cell records them (p_end under the name "p")."""
         return {"method": self.method, "p_start": self.p_start, "p": self.p_end, "polish_steps": self.polish_steps}
 
 
 class PackingDiverged(RuntimeError):
-    """The optimizer's vectors became NaN/Inf or collapsed to zero (too large an lr for the dtype, or
-    a dtype too narrow). ``repcap_fast.packing.PackingDiverged``."""
+    """The optimizer's vectors became NaN/Inf or collapsed to zero.
+
+    The cause: too large an lr for the dtype, or a dtype too narrow. Served as
+    ``repcap_fast.packing.PackingDiverged``.
+    """
 
 
 class RowsCollapsed(PackingDiverged):
@@ -81,9 +87,11 @@ class RowsCollapsed(PackingDiverged):
 
 
 def check_rows_alive(rows: torch.Tensor, step: int) -> None:
-    """Raises PackingDiverged when a row of the optimizer's vectors (unit rows, or Adam's raw
-    parameters) is NaN/Inf, has a norm beyond its dtype, or is zero: a step too large for the dtype
-    (their normalization would give NaN or zero rows, refused later as bad input)."""
+    """Raises PackingDiverged when a row of the optimizer's vectors is NaN/Inf, beyond its dtype, or zero.
+
+    The rows are unit rows, or Adam's raw parameters; such a row comes from a step too large for
+    the dtype (their normalization would give NaN or zero rows, refused later as bad input).
+    """
     norms = torch.linalg.vector_norm(rows, dim=1)
     alive = torch.isfinite(norms) & (norms > 0)
     if not bool(alive.all()):
@@ -93,9 +101,12 @@ def check_rows_alive(rows: torch.Tensor, step: int) -> None:
 
 
 def check_method(method, p: Optional[int], p_start, polish_steps, paper_p: int, check_p) -> MethodSettings:
-    """The settings of `method` (a name of METHODS): p is the paper's fixed p ("paper"; default
-    `paper_p`) or the continuation's last p (default DEFAULT_P_END); p_start the first (default
-    DEFAULT_P_START, at most p); polish_steps (default DEFAULT_POLISH_STEPS for "minimax", else 0)."""
+    """The settings of `method` (a name of METHODS), checked, with their defaults filled in.
+
+    p is the paper's fixed p ("paper"; default `paper_p`) or the continuation's last p (default
+    DEFAULT_P_END); p_start the first (default DEFAULT_P_START, at most p); polish_steps (default
+    DEFAULT_POLISH_STEPS for "minimax", else 0).
+    """
     val.check_choice(method, "method", METHODS)
     if method == "paper":
         if p_start is not None:
@@ -116,8 +127,11 @@ def check_method(method, p: Optional[int], p_start, polish_steps, paper_p: int, 
 
 
 def default_lr(method: str, paper_lr: float) -> float:
-    """The learning rate of `method` when none is given: the paper's for "paper", else
-    CONTINUATION_LR_FACTOR times it (the first lr of the decaying schedule)."""
+    """The learning rate of `method` when none is given.
+
+    It is the paper's for "paper", else CONTINUATION_LR_FACTOR times it (the first lr of the
+    decaying schedule).
+    """
     return paper_lr if method == "paper" else CONTINUATION_LR_FACTOR * paper_lr
 
 
@@ -139,8 +153,10 @@ def lr_at(step: int, steps: int, lr: float) -> float:
 
 
 def log_power_objective(X: torch.Tensor, p: int, backend: str, precision: str) -> Tuple[float, torch.Tensor]:
-    """(1/p)·ln Σ_{i≠j}|ĝ_ij|^p and its gradient with respect to X (through the normalization),
-    from the fused penalty kernel."""
+    """(1/p)·ln Σ_{i≠j}|ĝ_ij|^p and its gradient with respect to X, from the fused penalty kernel.
+
+    The gradient is taken through the normalization of the rows.
+    """
     log_loss, grad = gram_offdiag_log_penalty(X, p, backend=backend, precision=precision)
     return log_loss / p, grad.div_(p)
 
@@ -150,12 +166,13 @@ def _block_rows(k: int, elements: int = 1 << 22) -> int:
 
 
 def smooth_max_objective(X: torch.Tensor, temperature: float) -> Tuple[float, torch.Tensor, float]:
-    """(T·ln Σ_{i≠j} exp(|ĝ_ij|/T), its gradient with respect to the unit rows X (tangent), and
-    max|ĝ_ij|) for unit rows X, streamed in row blocks of b×k Gram entries (never k×k).
+    """(T·ln Σ_{i≠j} exp(|ĝ_ij|/T), its tangent gradient, max|ĝ_ij|) for unit rows X.
 
-    Per row i with m_i = max_{j≠i}|ĝ_ij|: s_i = Σ_j exp((|ĝ_ij| − m_i)/T) ≤ k, ln Z = logsumexp_i
+    Streamed in row blocks of b×k Gram entries (never k×k). Per row i with m_i = max_{j≠i}|ĝ_ij|:
+    s_i = Σ_j exp((|ĝ_ij| − m_i)/T) ≤ k, ln Z = logsumexp_i
     (m_i/T + ln s_i), and ∂(T ln Z)/∂x̂_i = 2·exp(m_i/T − ln Z)·Σ_j sign(ĝ_ij) exp((|ĝ_ij| − m_i)/T) x̂_j
-    (every pair is counted as (i, j) and (j, i)), projected onto the tangent space at x̂_i."""
+    (every pair is counted as (i, j) and (j, i)), projected onto the tangent space at x̂_i.
+    """
     k = X.shape[0]
     rows = _block_rows(k)
     grad = torch.empty_like(X)
@@ -185,10 +202,12 @@ def smooth_max_objective(X: torch.Tensor, temperature: float) -> Tuple[float, to
 
 
 class RiemannianAdam:
-    """Adam on a product of unit spheres (one per row of X), as in Bécigneul & Ganea (2019): the
-    tangent gradient updates the first moment, one second moment per row (the mean square of its
-    tangent gradient), the step is retracted by normalizing the rows, and the first moment is
-    carried to the new tangent spaces by projection. X is updated in place and stays unit."""
+    """Adam on a product of unit spheres (one per row of X), as in Bécigneul & Ganea (2019).
+
+    The tangent gradient updates the first moment, one second moment per row (the mean square of
+    its tangent gradient), the step is retracted by normalizing the rows, and the first moment is
+    carried to the new tangent spaces by projection. X is updated in place and stays unit.
+    """
 
     def __init__(self, X: torch.Tensor, betas=_ADAM_BETAS, eps: float = _ADAM_EPS):
         self.X = X
@@ -199,6 +218,7 @@ class RiemannianAdam:
         self.t = 0
 
     def step(self, grad: torch.Tensor, lr: float) -> None:
+        """One Adam step along the tangent part of `grad` with learning rate `lr`, X retracted."""
         b1, b2 = self.betas
         X = self.X
         self.t += 1
@@ -214,10 +234,13 @@ class RiemannianAdam:
 
 def run_optimizer(settings: MethodSettings, X: torch.Tensor, steps: int, lr: float, backend: str, precision: str,
                   eps_start: float, on_step: Callable[[int, float], None]) -> torch.Tensor:
-    """Runs the optimizer of a continuation method (every method but "paper") for `steps` steps
-    from the unit rows X; `on_step(step, objective)` after each. Returns the final rows. The
-    steps' kernel runs at `precision`; at a reduced one the objective reported for the first and
-    the last step is evaluated again at "highest" (the same rows, before that step's update)."""
+    """Runs the optimizer of a continuation method (every method but "paper") for `steps` steps.
+
+    It starts from the unit rows X and calls `on_step(step, objective)` after each step; returns
+    the final rows. The steps' kernel runs at `precision`; at a reduced one the objective reported
+    for the first and the last step is evaluated again at "highest" (the same rows, before that
+    step's update).
+    """
     method = settings.method
 
     def reported(value: float, rows: torch.Tensor, p: int, step: int) -> float:
@@ -286,8 +309,10 @@ _LP_SECONDS = 10.0  # a linear program not solved in this time counts as failed 
 
 
 def polish(X: torch.Tensor, steps: int, on_step: Optional[Callable[[int, float], None]] = None) -> torch.Tensor:
-    """The active-set polish (module docstring) for `steps` linear programs on the unit rows X
-    (computed in float64 on the CPU). Returns rows whose ε* is at most that of X."""
+    """The active-set polish (module docstring) for `steps` linear programs on the unit rows X.
+
+    Computed in float64 on the CPU. Returns rows whose ε* is at most that of X.
+    """
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 

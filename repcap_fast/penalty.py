@@ -1,10 +1,12 @@
-"""Deprecated: the module of kernel 3 is now ``repcap_fast.ops.gram_offdiag_penalty``; the
-functions are also at the top level (``repcap_fast.gram_offdiag_penalty``). Renamed:
+"""Deprecated alias of ``repcap_fast.ops.gram_offdiag_penalty``, removed in the next release.
+
+The module of kernel 3 is now ``repcap_fast.ops.gram_offdiag_penalty``; the functions are also at
+the top level (``repcap_fast.gram_offdiag_penalty``). Renamed:
 ``gram_offdiag_rows`` → ``gram_offdiag_row_stats``, ``rows_loss_and_grad`` →
 ``gram_offdiag_penalty_block``. ``GramOffdiagPenaltyFunction`` is the op's autograd function, whose
 ``apply`` takes the op's arguments (X, p, normalize, reduction, backend, precision, with_grad) and
-returns (L, ∂L/∂X): call ``gram_offdiag_penalty`` instead. This alias will be removed in the next
-release."""
+returns (L, ∂L/∂X): call ``gram_offdiag_penalty`` instead.
+"""
 
 import warnings
 
@@ -22,7 +24,7 @@ MAX_P = 1 << 30  # the largest p this module's check_p accepted
 
 
 def check_p(p) -> int:
-    """p as an int in [1, MAX_P] (the old contract; the ops check p against their backend's limit)."""
+    """The exponent p as an int in [1, MAX_P] (the old contract; the ops check p against their backend's limit)."""
     return _validation.check_p(p, MAX_P)
 
 

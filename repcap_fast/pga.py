@@ -1,7 +1,8 @@
-"""Subspace PGA (Xu 2026, DESIGN.md §1.4), the namespace users import: the op ``subspace_pga``
-(repcap_fast.ops.subspace_pga), the per-layer profile and the cross-model agreement built on it,
-the subspace geometry (repcap_fast.geometry), the spectral metrics the paper compares against
-(repcap_fast.spectral), and the rank reference (repcap_fast.reference).
+"""Subspace PGA (Xu 2026, DESIGN.md §1.4): the namespace users import.
+
+The op ``subspace_pga`` (repcap_fast.ops.subspace_pga), the per-layer profile and the cross-model
+agreement built on it, the subspace geometry (repcap_fast.geometry), the spectral metrics the
+paper compares against (repcap_fast.spectral), and the rank reference (repcap_fast.reference).
 """
 
 from __future__ import annotations
@@ -58,15 +59,18 @@ class _Profile:
     readout_note: Optional[str] = None  # readout_rank_note's warning for W_U
 
     def signature(self) -> Dict[str, object]:
+        """What every rank must agree on (prepare_on_every_rank compares it across ranks)."""
         return {"layers": len(self.layers), "d": self.d, "readout": distributed.tensor_digest(self.readout),
                 "ccrs": self.ccrs, "seed": self.seed, "n_null": self.n_null}
 
 
 def _check_profile(hidden_states_by_layer, W_U, basis, k, layout, ccrs, seed, n_null, method, backend,
                    precision) -> _Profile:
-    """Every argument of pga_profile checked before the first layer runs: each layer's shape,
-    dtype and values (finite), every CCR variant against every layer, the readout, and the
-    settings."""
+    """Every argument of pga_profile checked before the first layer runs.
+
+    Each layer's shape, dtype and values (finite), every CCR variant against every layer, the
+    readout, and the settings.
+    """
     if isinstance(hidden_states_by_layer, Mapping):  # e.g. repcap_fast.models.hidden_states(...)
         labels, layers = list(hidden_states_by_layer.keys()), list(hidden_states_by_layer.values())
     elif isinstance(hidden_states_by_layer, (torch.Tensor, np.ndarray)) and hidden_states_by_layer.ndim == 2:
@@ -121,14 +125,65 @@ def pga_profile(
 ) -> Dict[int, List[PGAResult]]:
     """Subspace PGA of every layer, for each CCR variant: {ccr: [PGAResult per layer]}.
 
-    hidden_states_by_layer: a sequence of N×d matrices, or a mapping layer → matrix (such as
-    `repcap_fast.models.hidden_states(...)`); each result's settings["layer"] is its index in
-    the sequence or its key. ccrs: distinct CCR variants. Every argument is checked, for every
-    layer and variant, before the first layer runs. The readout basis and the null subspaces
-    are drawn once (the same seed) and shared by every layer and CCR variant, and each layer's
-    principal directions are found once for all its CCR variants (`geometry.shared_ccr`; the
-    results equal one `subspace_pga` call per layer and variant bit for bit when max(ccrs) ≤
-    geometry.CCR_BLOCK = 10). Shows a progress bar over layers × variants."""
+    Each entry is ``subspace_pga(H, basis=B, n_null=n_null, ccr=c, seed=seed, ...)`` of one layer
+    H and one CCR variant c: the z-score of the readout subspace's Spearman ρ against the ρ's of
+    random subspaces. Every argument is checked, for every layer and variant, before the first
+    layer runs. The readout basis B and the null subspaces are found once and shared by every
+    layer and variant, and each layer's principal directions are found once for all its
+    variants; the results equal one ``subspace_pga`` call per layer and variant bit for bit when
+    max(ccrs) ≤ 10.
+
+    Args:
+        hidden_states_by_layer: the layers' N×d hidden states (torch tensors or numpy arrays,
+            one d, the same N tokens or not): a sequence, or a mapping layer → matrix (such as
+            ``repcap_fast.models.hidden_states(...)``); each result's ``settings["layer"]`` is
+            the layer's index in the sequence or its key.
+        W_U (torch.Tensor | numpy.ndarray): the unembedding (layout "hf": V×d, "tl": d×V), whose
+            top-k right singular vectors are the readout basis; or pass `basis` instead.
+        basis: a d×k readout basis with orthonormal columns, 1 ≤ k < d. Defaults to None.
+        k: the readout dimension when W_U is given, 1 ≤ k < d. Defaults to 100.
+        n_null: random subspaces per layer and variant, ≥ 2. Defaults to 100.
+        ccrs: the CCR variants (principal components removed after centering), distinct ints
+            with 0 ≤ c < min(N, d) for every layer; an int is one variant. Defaults to (1, 5, 10).
+        seed: the seed of the null subspaces, in [0, 2^63 − 1]. Defaults to 0.
+        layout: "hf" (default) or "tl", W_U's layout (see ``readout_basis``).
+        method: "exact" (default) or "stream", as ``subspace_pga``.
+        backend: "auto" (default), "cpu", "cuda", "triton" or "torch", as ``subspace_pga``.
+        precision: "highest" (default) or "tf32", as ``subspace_pga``.
+        progress: a progress bar over layers × variants (on the main rank). Defaults to True.
+        group (torch.distributed.ProcessGroup): the process group to split each layer's
+            subspaces across, as ``subspace_pga`` (default None: torchrun's default group when it
+            has more than one rank, else this process alone).
+
+    Returns:
+        Dict[int, List[PGAResult]]: for each CCR variant, one PGAResult per layer, in the layers'
+        order.
+
+    Raises:
+        ValueError: hidden_states_by_layer empty, one matrix instead of a sequence (an
+            ``ArgumentTypeError``, also a TypeError, for it or another wrong type), or a layer
+            that is not a finite 2-D float matrix or has another d; ccrs empty or with
+            duplicates; an argument that ``subspace_pga`` refuses for some layer and variant
+            (N < 3, a ccr ≥ min(N, d), n_null < 2, a seed out of range, an unknown method,
+            backend or precision); both or neither of W_U and basis; W_U not V×d (d×V for "tl")
+            or all zeros; a basis that is not finite d×k with orthonormal columns; k outside
+            [1, d).
+        repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
+        RuntimeError: `group` given while torch.distributed is not initialized; across ranks,
+            ``distributed.RankFailure`` on every rank when one fails.
+
+    Warns:
+        DegenerateInputWarning: W_U has fewer than k nonzero singular values (the readout
+            subspace is partly random), or a layer's result is degenerate (as ``subspace_pga``).
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> layers = [torch.randn(30, 8, generator=g) for _ in range(2)]
+        >>> W_U = torch.randn(50, 8, generator=g)
+        >>> prof = rf.pga.pga_profile(layers, W_U, k=3, n_null=5, ccrs=(0, 1), progress=False)
+        >>> sorted(prof), len(prof[1]), prof[1][1].settings["layer"], prof[1][1].k
+        ([0, 1], 2, 1, 3)
+    """
     group = distributed.resolve_group(group)
     prof = distributed.prepare_on_every_rank("pga_profile", group, _check_profile, hidden_states_by_layer, W_U, basis,
                                              k, layout, ccrs, seed, n_null, method, backend, precision)
@@ -155,10 +210,45 @@ def pga_profile(
 
 def cross_model_agreement(H_a, H_b, basis_a: torch.Tensor, basis_b: torch.Tensor, *, n_null: int = 20,
                           ccr: int = 1, seed: int = 0) -> dict:
-    """Spearman between two models' pair distances on the same N tokens (rows aligned):
-    in each model's readout subspace (H_a on basis_a, H_b on basis_b), in the full spaces, and
-    in random subspaces of the same dimensions (n_null draws per model, seeded; mean and sample
-    std of the ρ's). Both are centered with CCR-`ccr` first."""
+    """How alike two models arrange the same N tokens: Spearman ρ between their pair distances.
+
+    Both H_a and H_b are centered with CCR-`ccr` first (``center_and_ccr``). Then
+    ρ = spearman(d_a, d_b) of the two models' condensed cosine distances of the token pairs
+    (``pairwise_cosine_distances``), compared in each model's readout subspace (H_a projected on
+    basis_a, H_b on basis_b), in the full spaces, and in random subspaces of the same
+    dimensions (n_null draws per model from ``grassmann_bases``, model a with `seed` and model b
+    with seed + 1). Materializes N(N−1)/2 distances per model: for moderate N.
+
+    Args:
+        H_a (torch.Tensor | numpy.ndarray): model a's N×d_a hidden states, finite.
+        H_b (torch.Tensor | numpy.ndarray): model b's N×d_b hidden states of the same tokens, row
+            for row.
+        basis_a: model a's d_a×k_a readout basis, orthonormal columns.
+        basis_b: model b's d_b×k_b readout basis, orthonormal columns.
+        n_null: random subspace pairs, ≥ 2. Defaults to 20.
+        ccr: principal components removed after centering, 0 ≤ ccr < min(N, d). Defaults to 1.
+        seed: the seed of the random subspaces, in [0, 2^63 − 2]. Defaults to 0.
+
+    Returns:
+        dict: "readout" (ρ in the readout subspaces), "full" (ρ in the full spaces),
+        "random_mean" and "random_std" (the mean and sample std, ddof = 1, of the random
+        subspaces' ρ's), "random" (those ρ's), "n_tokens" (N) and "ccr".
+
+    Raises:
+        ValueError: n_null < 2 or a seed out of range; H_a or H_b not a finite 2-D float matrix
+            (an ``ArgumentTypeError``, also a TypeError, for a wrong type); N differs between
+            them, N < 3, or N too large for its N×N float64 distances to fit in memory; a basis
+            that is not finite d×k with orthonormal columns; ccr outside [0, min(N, d)); a token
+            whose projection on a subspace is zero.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> H = torch.randn(20, 8, generator=g, dtype=torch.float64)
+        >>> B = rf.pga.readout_basis(torch.randn(50, 8, generator=g), k=3).basis
+        >>> res = rf.pga.cross_model_agreement(H, H, B, B, n_null=5)  # a model against itself
+        >>> round(res["readout"], 6), round(res["full"], 6), len(res["random"]), res["n_tokens"]
+        (1.0, 1.0, 5, 20)
+    """
     n_null = check_n_null(n_null)
     seed = val.check_int(seed, "seed", 0, val.MAX_SEED - 1)  # model b draws with seed + 1
     H_a, H_b = val.finite_matrix(H_a, "H_a"), val.finite_matrix(H_b, "H_b")  # all checks before any work

@@ -1,6 +1,8 @@
-"""Every plot repcap_fast writes, as PNG files (matplotlib, Agg backend): cosine histograms, the
-Subspace-PGA profile (and a model against its random-init control), spectra per layer, a packing
-loss curve, a capacity fit and a survey."""
+"""Every plot repcap_fast writes, as PNG files (matplotlib, Agg backend).
+
+Cosine histograms, the Subspace-PGA profile (and a model against its random-init control), spectra
+per layer, a packing loss curve, a capacity fit and a survey.
+"""
 
 from __future__ import annotations
 
@@ -19,19 +21,16 @@ def _color(i: int) -> str:
 @contextlib.contextmanager
 def _figure(path: str, *args, dpi: int = 130, **kwargs) -> Iterator[Tuple]:
     """(fig, axes) of a new figure, laid out and saved to `path` (its folder created) on exit."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(*args, **kwargs)
-    try:
-        yield fig, axes
-        fig.tight_layout()
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fig.savefig(path, dpi=dpi)
-    finally:
-        plt.close(fig)
+    # A Figure outside pyplot, drawn by the Agg canvas when saved: the caller's backend (a
+    # notebook's inline plots) and its pyplot figures are left alone.
+    fig = Figure(figsize=kwargs.pop("figsize", None))
+    axes = fig.subplots(*args, **kwargs)
+    yield fig, axes
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=dpi)
 
 
 def _nan(x) -> float:
@@ -40,9 +39,11 @@ def _nan(x) -> float:
 
 def plot_cosine_histograms(curves: Sequence, path: str, title: str, k_sigma: float = 2.0,
                            quantiles: Sequence[float] = (0.5, 0.99, 0.999)) -> None:
-    """Density of the pairwise cosines, one curve per (label, CosineStats), with μ (dotted) and
-    ε = μ + k_sigma·σ (solid) marked; with a single curve also its `quantiles` (those inside the
-    histogram's range)."""
+    """Density of the pairwise cosines, one curve per (label, CosineStats).
+
+    With μ (dotted) and ε = μ + k_sigma·σ (solid) marked; with a single curve also its `quantiles`
+    (those inside the histogram's range).
+    """
     with _figure(path, figsize=(8, 4.5)) as (fig, ax):
         lo, hi = 1.0, -1.0
         for i, (label, stats) in enumerate(curves):
@@ -72,9 +73,17 @@ def plot_cosine_histograms(curves: Sequence, path: str, title: str, k_sigma: flo
 
 
 def plot_pga_profile(profile: Dict, path: str, title: str) -> None:
-    """z per layer for each CCR variant ({ccr: [row per layer]}, rows with layer, z, rho_readout,
-    null_mean, null_std), with the null band |z| ≤ 2; ρ_readout against the null mean ± 2 sample
-    std of the null ρ's."""
+    """Plots z per layer for each CCR variant, with the null band |z| ≤ 2.
+
+    Args:
+        profile (dict): {ccr: [row per layer]}, rows with layer, z, rho_readout, null_mean, null_std
+            (the "profile" of a report's "pga" section).
+        path (str): the PNG written.
+        title (str): the plot's title.
+
+    Returns:
+        None
+    """
     with _figure(path, 1, 2, figsize=(12, 4.5)) as (fig, (ax_z, ax_r)):
         for i, (ccr, rows) in enumerate(profile.items()):
             color = _color(i)
@@ -98,9 +107,20 @@ def plot_pga_profile(profile: Dict, path: str, title: str) -> None:
 
 
 def plot_pga_control(profiles: Dict[str, Dict], path: str, title: str) -> None:
-    """z per layer of several analyses of one architecture in one plot ({name: profile}, each
-    profile {ccr: [row per layer]} as in `plot_pga_profile`): one panel per CCR variant, one line
-    per analysis (trained weights and their random-init control), with the null band |z| ≤ 2."""
+    """Plots z per layer of several analyses of one architecture: one panel per CCR variant.
+
+    One line per analysis (trained weights and their random-init control), with the null band
+    |z| ≤ 2.
+
+    Args:
+        profiles (dict[str, dict]): {name: profile}, each profile {ccr: [row per layer]} as in
+            `plot_pga_profile`.
+        path (str): the PNG written.
+        title (str): the plot's title.
+
+    Returns:
+        None
+    """
     ccrs = list(next(iter(profiles.values())))
     with _figure(path, 1, len(ccrs), figsize=(5 * len(ccrs), 4.2), squeeze=False) as (fig, axes):
         for ax, ccr in zip(axes[0], ccrs):
@@ -118,10 +138,21 @@ def plot_pga_control(profiles: Dict[str, Dict], path: str, title: str) -> None:
 
 
 def plot_pga_survey(models: Sequence[Dict], heatmap_path: str, depth_path: str) -> None:
-    """z per (model, layer) across models or checkpoints (rows of a PGA survey: source, layers,
-    relative_depth, z {ccr: [per layer]}): a heatmap per CCR variant (models × layer index,
-    diverging around 0, blank past a model's last layer), and z against relative depth l/L, one
-    line per model, with the null band |z| ≤ 2."""
+    """Plots z per (model, layer) across models or checkpoints: a heatmap and trajectories.
+
+    The heatmap has one panel per CCR variant (models × layer index, diverging around 0, blank past
+    a model's last layer); the trajectories plot z against relative depth l/L, one line per model,
+    with the null band |z| ≤ 2.
+
+    Args:
+        models (Sequence[dict]): rows of a PGA survey (source, layers, relative_depth, z {ccr: [per
+            layer]}).
+        heatmap_path (str): the heatmap's PNG.
+        depth_path (str): the trajectories' PNG.
+
+    Returns:
+        None
+    """
     ccrs = list(models[0]["z"])
     depth = max(len(m["layers"]) for m in models)
     with _figure(heatmap_path, len(ccrs), 1, figsize=(max(6.0, 0.35 * depth + 3), 0.5 * len(models) * len(ccrs) + 1.5),
@@ -151,8 +182,19 @@ def plot_pga_survey(models: Sequence[Dict], heatmap_path: str, depth_path: str) 
 
 
 def plot_probe(probe: Dict, profile: Dict, path: str, title: str) -> None:
-    """Linear-probe accuracy per layer (mean ± std over folds, with the chance level) next to z of
-    each CCR variant on a second axis (`report["probe"]`, `report["pga"]["profile"]`)."""
+    """Plots linear-probe accuracy per layer next to z of each CCR variant (on a second axis).
+
+    Accuracy is the mean ± std over folds, with the chance level.
+
+    Args:
+        probe (dict): a report's "probe" section.
+        profile (dict): a report's ``["pga"]["profile"]``.
+        path (str): the PNG written.
+        title (str): the plot's title.
+
+    Returns:
+        None
+    """
     rows = probe["layers"]
     layers = [r["layer"] for r in rows]
     with _figure(path, 1, 1, figsize=(7.5, 4.2)) as (fig, ax):
@@ -175,8 +217,11 @@ def plot_probe(probe: Dict, profile: Dict, path: str, title: str) -> None:
 
 
 def plot_spectral(rows: List[Dict], path: str, title: str) -> None:
-    """RankMe, α-ReQ, isotropy and condition number per layer, and the mass of the top principal
-    directions in the readout subspace (rows of `report.spectral_profile`)."""
+    """RankMe, α-ReQ, isotropy and condition number per layer.
+
+    And the mass of the top principal directions in the readout subspace (rows of
+    `report.spectral_profile`).
+    """
     layers = [r["layer"] for r in rows]
     with _figure(path, 1, 5, figsize=(17, 3.6)) as (fig, axes):
         for ax, key, label in zip(axes, ("rankme", "alpha_req", "isotropy", "condition_number"),
@@ -208,8 +253,10 @@ def plot_loss(history: Sequence[float], path: str, title: str, ylabel: str = "Σ
 
 
 def plot_fit(fit, path: str) -> None:
-    """A capacity fit (fitting.FitResult): measured against fitted ε (left), and ε against k per
-    d, data and fit (right)."""
+    """A capacity fit (fitting.FitResult).
+
+    Measured against fitted ε (left), and ε against k per d, data and fit (right).
+    """
     with _figure(path, 1, 2, figsize=(11, 4.5), dpi=120) as (fig, (ax1, ax2)):
         ax1.scatter(fit.predicted, fit.eps, s=14)
         lo, hi = float(min(fit.eps.min(), fit.predicted.min())), float(max(fit.eps.max(), fit.predicted.max()))
@@ -232,8 +279,10 @@ def plot_fit(fit, path: str) -> None:
 
 
 def plot_survey(models: Sequence[Dict], path: str) -> None:
-    """ε against d_model, one point per surveyed model (rows of survey.json), with the
-    borderline band 0.1 ≤ ε ≤ 0.2 shaded."""
+    """ε against d_model, one point per surveyed model (rows of survey.json).
+
+    With the borderline band 0.1 ≤ ε ≤ 0.2 shaded.
+    """
     with _figure(path, figsize=(6.5, 4.5)) as (fig, ax):
         for r in models:
             ax.scatter(r["d_model"], r["epsilon"], s=30)

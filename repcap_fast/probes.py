@@ -1,13 +1,11 @@
 """Linear probes per layer on labelled texts, reported next to the Subspace-PGA z.
 
-The Subspace-PGA paper compares z with how well a linear probe reads a label from each layer:
-in large models the layers with high z probe better; in small models probe accuracy stays high
-where z collapses. Here each text is one example: its representation at layer l is the mean of
-the residual stream over its tokens (padding excluded; the special tokens the tokenizer adds are
-included, as the model sees them), read at the same points as the report's hidden states
-(`models.in_memory.Runner`). The probe is the field's standard, scikit-learn's
-LogisticRegression on standardized features, scored by seeded, stratified k-fold
-cross-validation (an optional dependency: `pip install 'repcap_fast[probe]'`).
+Each text is one example: its representation at layer l is the mean of the residual stream over
+its tokens (padding excluded; the special tokens the tokenizer adds are included, as the model
+sees them), read at the same points as the report's hidden states (`models.runner.Runner`). The
+probe is the field's standard, scikit-learn's LogisticRegression on standardized features, scored
+by seeded, stratified k-fold cross-validation (an optional dependency: `pip install
+'repcap_fast[probe]'`).
 """
 
 from __future__ import annotations
@@ -24,14 +22,30 @@ from . import _validation as val
 from ._progress import progress_bar
 from .models import check_layers, open_model
 from .models.hidden_states import jsonl_objects, padded_batch
-from .models.in_memory import Runner
+from .models.runner import Runner
 
 POOLINGS = ("mean", "last")
 
 
 def read_labelled(path: str, text_key: str = "text", label_key: str = "label") -> Tuple[List[str], List]:
-    """(texts, labels) from a JSON-lines file with a string field `text_key` and a label field
-    `label_key` (a string, an int or a bool) on every line; blank lines are skipped."""
+    """Reads (texts, labels) from a JSON-lines file; blank lines are skipped.
+
+    Every line holds a string field `text_key` and a label field `label_key` (a string, an int or a
+    bool).
+
+    Args:
+        path (str): the .jsonl file.
+        text_key (str): the text field. Default "text".
+        label_key (str): the label field. Default "label".
+
+    Returns:
+        tuple[list[str], list]: the texts and their labels.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: not a .jsonl file, not UTF-8, a line without a non-empty text or a label, or no
+            labelled text at all.
+    """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"probe file {path!r} does not exist")
     if not path.endswith(".jsonl"):
@@ -57,8 +71,11 @@ def read_labelled(path: str, text_key: str = "text", label_key: str = "label") -
 
 
 def check_labels(labels: Sequence, folds: int, where: str = "y") -> None:
-    """Labels a `folds`-fold stratified probe can use: at least two different labels, and each
-    label at least `folds` times (every fold needs each label)."""
+    """Labels a `folds`-fold stratified probe can use.
+
+    At least two different labels, and each label at least `folds` times (every fold needs each
+    label).
+    """
     counts = Counter(str(v) for v in labels)
     if len(counts) < 2:
         raise ValueError(f"{where}: probes need at least two different labels, got only {sorted(counts)}")
@@ -76,9 +93,11 @@ def _import_sklearn() -> None:
 
 
 def check_probe_file(path: str, folds: int = 5, text_key: str = "text", label_key: str = "label"):
-    """Everything about a probe run that needs no model, checked before any work: scikit-learn is
-    installed, the file is UTF-8 JSON lines with a text and a label on every line, it has two
-    labels or more, and each label has at least `folds` texts. Returns (texts, labels)."""
+    """Everything about a probe run that needs no model, checked before any work.
+
+    scikit-learn is installed, the file is UTF-8 JSON lines with a text and a label on every line,
+    it has two labels or more, and each label has at least `folds` texts. Returns (texts, labels).
+    """
     _import_sklearn()
     folds = val.check_int(folds, "folds", 2)
     texts, labels = read_labelled(path, text_key, label_key)
@@ -89,10 +108,30 @@ def check_probe_file(path: str, folds: int = 5, text_key: str = "text", label_ke
 def text_representations(source, texts: Sequence[str], layers="all", *, pooling: str = "mean",
                          max_tokens: int = 128, batch_size: int = 8, tokenizer=None, dtype=None, device=None,
                          last_layer: str = "final_norm", progress: bool = True) -> Dict[int, torch.Tensor]:
-    """layer → (len(texts) × d) float32 representations of each text (on the model's device):
-    the mean over its tokens ("mean") or its last token ("last") of the residual stream. Texts
-    longer than `max_tokens` tokens (special tokens included) are cut there, and how many were
-    cut is not an error (the first max_tokens tokens represent the text)."""
+    """Each text's representation at every requested layer: layer → len(texts) × d float32 tensor.
+
+    The mean over its tokens ("mean") or its last token ("last") of the residual stream, on the
+    model's device. Texts longer than `max_tokens` tokens (special tokens included) are cut there.
+
+    Args:
+        source (str | os.PathLike | object): a path, repo id or alias, or a model in memory.
+        texts (Sequence[str]): the texts.
+        layers (str | int | Sequence[int]): "all", an int or a list. Default "all".
+        pooling (str): "mean" or "last". Default "mean".
+        max_tokens (int): tokens kept per text (at least 2). Default 128.
+        batch_size (int): texts per forward pass. Default 8.
+        tokenizer (object): a model in memory's tokenizer. Default None.
+        dtype (torch.dtype | None): as for `models.hidden_states`. Default None.
+        device (str | torch.device | None): as for `models.hidden_states`. Default None.
+        last_layer (str): "final_norm" or "resid_post". Default "final_norm".
+        progress (bool): show a progress bar. Default True.
+
+    Returns:
+        dict[int, torch.Tensor]: layer → representations.
+
+    Raises:
+        ValueError: no texts, a model without a tokenizer, a bad pooling, or a layer out of range.
+    """
     val.check_choice(pooling, "pooling", POOLINGS)
     max_tokens = val.check_int(max_tokens, "max_tokens", 2)
     batch_size = val.check_int(batch_size, "batch_size", 1)
@@ -124,10 +163,27 @@ def text_representations(source, texts: Sequence[str], layers="all", *, pooling:
 
 
 def probe_accuracy(X, y: Sequence, *, folds: int = 5, seed: int = 0, C: float = 1.0) -> Dict:
-    """Seeded, stratified k-fold cross-validated accuracy of a logistic-regression probe
-    (scikit-learn; features standardized within each training fold) reading labels y from the
-    rows of X. Returns the mean and sample std over folds, each fold's accuracy, and the chance
-    level (the most frequent label's share)."""
+    """Cross-validated accuracy of a logistic-regression probe reading labels y from the rows of X.
+
+    Seeded, stratified k-fold cross-validation of scikit-learn's LogisticRegression, with the
+    features standardized within each training fold.
+
+    Args:
+        X (torch.Tensor | np.ndarray): n_texts × d features.
+        y (Sequence): one label per row.
+        folds (int): the number of folds (at least 2). Default 5.
+        seed (int): seeds the folds' shuffle. Default 0.
+        C (float): the inverse regularization strength. Default 1.0.
+
+    Returns:
+        dict: accuracy (mean over folds), std (sample std), folds (each fold's accuracy) and chance
+        (the most frequent label's share).
+
+    Raises:
+        ValueError: X is not n_texts × d with one row per label, fewer than two labels, or a label
+            with fewer than `folds` texts.
+        ImportError: scikit-learn is not installed.
+    """
     try:
         from sklearn.linear_model import LogisticRegression
         from sklearn.model_selection import StratifiedKFold, cross_val_score
@@ -154,9 +210,11 @@ def probe_profile(source, path: str, *, layers="all", folds: int = 5, seed: int 
                   label_key: str = "label", pooling: str = "mean", max_tokens: int = 128, batch_size: int = 8,
                   tokenizer=None, last_layer: str = "final_norm", progress: bool = True,
                   dtype=None, device=None) -> Dict:
-    """Probe accuracy per layer on the labelled texts of a JSON-lines file (`read_labelled`), for
-    the report: {file, n_texts, labels (counts), folds, seed, pooling, classifier, layers: [{layer,
-    accuracy, std, folds, chance}]}."""
+    """Probe accuracy per layer on the labelled texts of a JSON-lines file (`read_labelled`), for the report.
+
+    {file, n_texts, labels (counts), folds, seed, pooling, classifier, layers: [{layer, accuracy,
+    std, folds, chance}]}.
+    """
     texts, labels = check_probe_file(path, folds, text_key, label_key)  # before the model runs
     reps = text_representations(source, texts, layers, pooling=pooling, max_tokens=max_tokens, batch_size=batch_size,
                                 tokenizer=tokenizer, last_layer=last_layer, progress=progress, dtype=dtype,

@@ -158,11 +158,13 @@ def gram_offdiag_max_reference(X: torch.Tensor, normalize: bool = True) -> float
 
 
 def condensed_cosine_distances(x: torch.Tensor, name: str = "H") -> torch.Tensor:
-    """Cosine distances 1 − cos(x_i, x_j) of the rows of x for i<j in SciPy's condensed order,
-    clamped to [0, 2] as scipy's pdist does (duplicate tokens give exactly 0, not −2e-16), in
-    x's dtype. Materializes N(N−1)/2 values. Zero rows are an error (their cosine is undefined).
-    Rows of any finite scale are directions: norms that underflow or overflow (below 1e-150 or
-    not finite) are taken with `_validation.unit_rows` instead of the plain x/‖x‖."""
+    """Cosine distances 1 − cos(x_i, x_j) of the rows of x for i<j in SciPy's condensed order, in x's dtype.
+
+    Clamped to [0, 2] as scipy's pdist does (duplicate tokens give exactly 0, not −2e-16).
+    Materializes N(N−1)/2 values. Zero rows are an error (their cosine is undefined). Rows of any
+    finite scale are directions: norms that underflow or overflow (below 1e-150 or not finite)
+    are taken with `_validation.unit_rows` instead of the plain x/‖x‖.
+    """
     norms = torch.linalg.vector_norm(x, dim=1)
     extreme = ~torch.isfinite(norms) | (norms < 1e-150)
     if bool(extreme.any()):
@@ -178,15 +180,48 @@ def condensed_cosine_distances(x: torch.Tensor, name: str = "H") -> torch.Tensor
 
 
 def pairwise_cosine_distances(H) -> torch.Tensor:
-    """Condensed cosine distances 1 − cos(h_i, h_j) for i<j in float64, in the order of
-    ``scipy.spatial.distance.pdist(H, "cosine")``. Materializes N(N−1)/2 values: small N and
-    tests. Zero rows are an error (their cosine is undefined)."""
+    """The cosine distances of every pair of rows of H, in float64, as SciPy's ``pdist(H, "cosine")``.
+
+    d_ij = 1 − h_i·h_j/(‖h_i‖‖h_j‖) for i < j, in the condensed order of
+    ``scipy.spatial.distance.pdist`` ((0, 1), (0, 2), …, (1, 2), …), clamped to [0, 2].
+    Materializes N(N−1)/2 values: for small N and tests.
+
+    Args:
+        H (torch.Tensor | numpy.ndarray): N×d rows, any float dtype, finite, none zero.
+
+    Returns:
+        torch.Tensor: (N(N−1)/2,) float64 on H's device.
+
+    Raises:
+        ValueError: H not a 2-D float matrix (an ``ArgumentTypeError``, also a TypeError, for
+            another type or dtype), empty, or with NaN/Inf; a zero row (its cosine is undefined).
+
+    Example:
+        >>> rf.pga.pairwise_cosine_distances(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+        tensor([1.0000, 0.2929, 0.2929], dtype=torch.float64)
+    """
     return condensed_cosine_distances(val.finite_matrix(H, "H").to(torch.float64), "H")
 
 
 def average_ranks(x: torch.Tensor) -> torch.Tensor:
-    """1-based ranks of a 1-D tensor with ties given their average rank (scipy's rankdata,
-    method="average"), float64."""
+    """The 1-based ranks of the values of a 1-D tensor, ties given their average rank.
+
+    As ``scipy.stats.rankdata(x, method="average")``: the i-th smallest value has rank i, and a
+    group of equal values shares the mean of their ranks.
+
+    Args:
+        x: a 1-D tensor of real values.
+
+    Returns:
+        torch.Tensor: the ranks, float64, on x's device.
+
+    Raises:
+        ValueError: x is not 1-D.
+
+    Example:
+        >>> rf.pga.average_ranks(torch.tensor([3.0, 1.0, 3.0, 2.0]))
+        tensor([3.5000, 1.0000, 3.5000, 2.0000], dtype=torch.float64)
+    """
     if x.dim() != 1:
         raise ValueError(f"x must be 1-D, got shape {tuple(x.shape)}")
     n = x.numel()
@@ -212,15 +247,32 @@ def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def spearman(x, y) -> float:
-    """Spearman's ρ with average ranks for ties: the Pearson correlation of the ranks, in
-    float64. Matches ``scipy.stats.spearmanr(x, y).statistic`` wherever SciPy's conversion of x
-    and y to one float64 array is exact (SciPy rounds integers beyond 2^53 next to floats; this
-    does not). x and y are ranked exactly as
-    given (lists, numpy arrays of any real dtype, tensors; nothing is rounded first, so 1 and
-    1 + 1e-9, or 2**62 and 2**62 + 1, stay distinct, and ±1e308 are finite values). ±inf are
-    ranked as the largest/smallest values, as scipy does. If x or y is constant, ρ is undefined:
-    NaN, with scipy's ``ConstantInputWarning``, as scipy does. NaN in the input is an error
-    (scipy would propagate it)."""
+    """Spearman's rank correlation ρ of x and y, ties given their average rank, in float64.
+
+    ρ is the Pearson correlation of ``average_ranks(x)`` and ``average_ranks(y)``. It matches
+    ``scipy.stats.spearmanr(x, y).statistic`` wherever SciPy's conversion of x and y to one float64
+    array is exact (SciPy rounds integers beyond 2^53 next to floats; this does not): x and y are
+    ranked exactly as given, so 1 and 1 + 1e-9, or 2**62 and 2**62 + 1, stay distinct. ±inf are
+    ranked as the largest/smallest values, as SciPy does.
+
+    Args:
+        x (array-like): real values: a list, a numpy array of any real dtype, or a tensor
+            (flattened).
+        y (array-like): as many real values as x.
+
+    Returns:
+        float: ρ in [−1, 1]; NaN, with SciPy's ``ConstantInputWarning``, when x or y is constant
+        (ρ is undefined), as SciPy does.
+
+    Raises:
+        ValueError: x or y holds NaN (SciPy would propagate it) or values that are not real
+            numbers (an ``ArgumentTypeError``, also a TypeError); x and y differ in length or
+            have fewer than 2 values.
+
+    Example:
+        >>> rf.pga.spearman([1, 2, 3, 4], [1, 3, 2, 4])
+        0.8
+    """
     x = val.as_rank_keys(x, "x")
     y = val.as_rank_keys(y, "y")
     if x.numel() != y.numel():
@@ -238,10 +290,12 @@ def spearman(x, y) -> float:
 
 def subspace_rhos_reference(x: torch.Tensor, bases: torch.Tensor, progress=None,
                             name_of=lambda b: f"subspace {b}") -> List[float]:
-    """Spearman(d_full, d_S) for each basis S of bases (B, d, k), in x's dtype (float64 for the
-    reference): the per-subspace loop, one subspace's N(N−1)/2 distances at a time. progress:
-    None, or an object with update(n) called once per subspace; name_of(b) names basis b in the
-    error for a zero projected row."""
+    """Spearman(d_full, d_S) for each basis S of bases (B, d, k), in x's dtype (float64 for the reference).
+
+    The per-subspace loop, one subspace's N(N−1)/2 distances at a time. progress: None, or an
+    object with update(n) called once per subspace; name_of(b) names basis b in the error for a
+    zero projected row.
+    """
     full_ranks = average_ranks(condensed_cosine_distances(x, "H"))
     rhos = []
     for b in range(bases.shape[0]):
@@ -260,8 +314,10 @@ _MASK32 = 0xFFFFFFFF
 
 
 def _mulhilo32(a: int, b: torch.Tensor):
-    """(hi, lo) 32-bit words of a·b for a constant a < 2^32 and int64 b in [0, 2^32), without
-    overflowing int64: b in 16-bit halves (each partial product < 2^48)."""
+    """(hi, lo) 32-bit words of a·b for a constant a < 2^32 and int64 b in [0, 2^32).
+
+    Without overflowing int64: b in 16-bit halves (each partial product < 2^48).
+    """
     p0 = a * (b & 0xFFFF)
     p1 = a * (b >> 16)
     mid = p1 + (p0 >> 16)
@@ -269,9 +325,12 @@ def _mulhilo32(a: int, b: torch.Tensor):
 
 
 def philox4x32_10_reference(c0, c1, c2, c3, k0: int, k1: int):
-    """Philox4x32-10 (Random123) of counters (c0, c1, c2, c3), int64 tensors of 32-bit words,
-    under the key (k0, k1): the four output words as int64 tensors in [0, 2^32). The same rounds
-    as csrc/grassmann_normals.h, in int64 torch ops on any device."""
+    """Philox4x32-10 (Random123) of counters (c0, c1, c2, c3) under the key (k0, k1).
+
+    The counters are int64 tensors of 32-bit words; returns the four output words as int64
+    tensors in [0, 2^32). The same rounds as csrc/grassmann_normals.h, in int64 torch ops on any
+    device.
+    """
     m0, m1 = _PHILOX_MULTIPLIERS
     for _ in range(10):
         hi0, lo0 = _mulhilo32(m0, c0)
@@ -282,10 +341,12 @@ def philox4x32_10_reference(c0, c1, c2, c3, k0: int, k1: int):
 
 
 def grassmann_normals_reference(n: int, d: int, k: int, seed: int, first_basis: int = 0, device="cpu") -> torch.Tensor:
-    """The (n, d, k) float64 standard normals of bases first_basis … first_basis + n − 1 for `seed`,
-    as csrc/grassmann_normals.h defines them (Philox4x32-10 keyed by the seed, counter
+    """The (n, d, k) float64 standard normals of bases first_basis … first_basis + n − 1 for `seed`.
+
+    As csrc/grassmann_normals.h defines them (Philox4x32-10 keyed by the seed, counter
     (e div 4, basis), two Box–Muller pairs per counter; entry (i, j) of a basis is normal i·k + j),
-    in plain torch ops on `device`."""
+    in plain torch ops on `device`.
+    """
     per_basis = d * k
     groups = (per_basis + 3) // 4
     group = torch.arange(groups, dtype=torch.int64, device=device).repeat(n)

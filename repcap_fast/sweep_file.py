@@ -1,6 +1,8 @@
-"""Sweep files of the packing simulation: one record per (k, d) cell, as JSON (with a format tag)
-or CSV, rewritten atomically after each cell; the part files of a sweep across ranks; the lock
-that keeps two sweeps from writing one file at once.
+"""Sweep files of the packing simulation: one record per (k, d) cell, as JSON or CSV.
+
+A JSON sweep file carries a format tag; either form is rewritten atomically after each cell. Also
+here: the part files of a sweep across ranks, and the lock that keeps two sweeps from writing one
+file at once.
 """
 
 from __future__ import annotations
@@ -42,9 +44,12 @@ _OLD_FORMATS = (SWEEP_FORMAT_V2, SWEEP_FORMAT_V1)
 
 
 def _upgrade(cell):
-    """A version-1 or version-2 record as a version-3 one: version 1's cells get method "paper",
-    p_start = p and no polish; both versions' cells get precision "highest". (A record that is not
-    a dict, or already has the fields, is returned as it is, for _check_cell to judge.)"""
+    """A version-1 or version-2 record as a version-3 one.
+
+    Version 1's cells get method "paper", p_start = p and no polish; both versions' cells get
+    precision "highest". (A record that is not a dict, or already has the fields, is returned as
+    it is, for _check_cell to judge.)
+    """
     if not isinstance(cell, dict) or ("method" in cell and "precision" in cell):
         return cell
     out = dict(cell)
@@ -74,9 +79,11 @@ def _not_sweep(path: str, why: str) -> ValueError:
 
 
 def _check_cell(path: str, label: str, cell) -> dict:
-    """One record of a sweep file (`label` says where: "cells[3]", "line 4"), checked: ints where
-    ints belong, a dtype string, and numbers (or null) everywhere else; ValueError naming the file
-    and the cell otherwise."""
+    """One record of a sweep file, checked; `label` says where ("cells[3]", "line 4").
+
+    Ints where ints belong, a dtype string, and numbers (or null) everywhere else; a ValueError
+    naming the file and the cell otherwise.
+    """
     if not isinstance(cell, dict):
         raise ValueError(f"{path}: {label} is a {type(cell).__name__}, not a record with {', '.join(CELL_FIELDS)}")
     missing = [key for key in CELL_FIELDS if key not in cell]
@@ -120,8 +127,10 @@ def _differences(a: dict, b: dict) -> str:
 
 
 def _dedupe(path: str, cells: List[dict]) -> List[dict]:
-    """The cells with exact repeats of a (k, d) record dropped; repeats that disagree are an error
-    naming the cell and the fields that differ."""
+    """The cells with exact repeats of a (k, d) record dropped.
+
+    Repeats that disagree are an error naming the cell and the fields that differ.
+    """
     seen = {}
     out = []
     for i, cell in enumerate(cells):
@@ -139,10 +148,12 @@ def _dedupe(path: str, cells: List[dict]) -> List[dict]:
 
 
 def merge_cells(sources: Sequence[Tuple[str, List[dict]]]) -> List[dict]:
-    """The cells of several sweep files, each given as (path, its read_cells), in order, with exact
-    repeats of a (k, d) record dropped; a cell whose records disagree between files is a
+    """The cells of several sweep files, each given as (path, its read_cells), in order.
+
+    Exact repeats of a (k, d) record are dropped; a cell whose records disagree between files is a
     ValueError naming both files and the fields that differ (a resume never keeps two ε for one
-    cell)."""
+    cell).
+    """
     seen = {}
     out = []
     for path, cells in sources:
@@ -161,9 +172,12 @@ def merge_cells(sources: Sequence[Tuple[str, List[dict]]]) -> List[dict]:
 
 
 def is_sweep_file(path: str) -> bool:
-    """Whether the file at `path` was written by write_cells, judged by its first bytes only (the
-    format tag of a JSON sweep file, the header row of a CSV one): a truncated or corrupt sweep
-    file still is one, which a restart may overwrite; a foreign file is not."""
+    """Whether the file at `path` was written by write_cells, judged by its first bytes only.
+
+    The first bytes hold the format tag of a JSON sweep file, the header row of a CSV one: a
+    truncated or corrupt sweep file still is one, which a restart may overwrite; a foreign file
+    is not.
+    """
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -237,10 +251,13 @@ def _read_json(path: str) -> List[dict]:
 
 
 def read_cells(path: str) -> List[dict]:
-    """The cells of the sweep file at `path` ([] when there is none); a file that is not a
-    sweep file is an error (it is never overwritten). Every record is checked when read (ints
-    for k, d, steps, p, seed; numbers or null for ε and the statistics), and repeated (k, d)
-    records must agree (exact repeats are dropped): a ValueError names the file and the cell."""
+    """The cells of the sweep file at `path` ([] when there is none).
+
+    A file that is not a sweep file is an error (it is never overwritten). Every record is checked
+    when read (ints for k, d, steps, p, seed; numbers or null for ε and the statistics), and
+    repeated (k, d) records must agree (exact repeats are dropped): a ValueError names the file
+    and the cell.
+    """
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
@@ -251,7 +268,7 @@ def read_cells(path: str) -> List[dict]:
 
 
 def write_cells(path: str, cells: List[dict]) -> None:
-    """Atomically (write a temporary file, then rename): a kill never leaves a torn file."""
+    """Writes `cells` to the sweep file `path` atomically (a temporary file, renamed): a kill never tears it."""
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", newline="", encoding="utf-8") as f:
@@ -269,18 +286,24 @@ def write_cells(path: str, cells: List[dict]) -> None:
 
 
 def lock_file(out: str) -> str:
-    """The lock of the sweep file `out`: next to the file itself, whatever path names it (a
-    symlinked folder, '..'), so that every sweep writing it takes the same lock."""
+    """The lock file of the sweep file `out`, next to the file itself.
+
+    It is the same whatever path names the file (a symlinked folder, '..'), so that every sweep
+    writing it takes the same lock.
+    """
     return f"{os.path.realpath(out)}.lock"
 
 
 @contextlib.contextmanager
 def sweep_lock(out: str) -> Iterator[None]:
-    """Holds an exclusive lock on the sweep file `out` (flock on `out.lock`, created here and
-    removed on exit) for the body, or raises ValueError at once when another process holds it: two
-    sweeps writing one file would each rewrite it from their own cells, and lose the other's. The
-    lock dies with its process (a killed sweep leaves none behind). Where flock is unavailable
-    (Windows, some network file systems) the sweep runs without it, with a warning for the latter."""
+    """Holds an exclusive lock on the sweep file `out` for the body.
+
+    The lock is a flock on `out.lock`, created here and removed on exit; a ValueError is raised at
+    once when another process holds it: two sweeps writing one file would each rewrite it from
+    their own cells, and lose the other's. The lock dies with its process (a killed sweep leaves
+    none behind). Where flock is unavailable (Windows, some network file systems) the sweep runs
+    without it, with a warning for the latter.
+    """
     out = os.fspath(out)
     path = lock_file(out)
     if fcntl is None:
@@ -322,7 +345,7 @@ def sweep_lock(out: str) -> Iterator[None]:
 
 
 def grid_values(values, name: str, least: int) -> List[int]:
-    """ks or ds: ints (Python, numpy or torch) >= least, order kept, repeats dropped."""
+    """The values of ks or ds: ints (Python, numpy or torch) >= least, order kept, repeats dropped."""
     if isinstance(values, (str, bytes)) or (getattr(values, "ndim", None) == 0):
         raise ArgumentTypeError(f"{name} must be a list of ints, got {type(values).__name__} {values!r}")
     try:
@@ -339,6 +362,7 @@ def grid_order(cells: dict, grid: List) -> List[dict]:
 
 
 def part_file(out: str, rank: int) -> str:
+    """The part file of `rank` in a distributed sweep into `out`: `out.partR`."""
     return f"{out}.part{rank}"
 
 
@@ -348,9 +372,11 @@ def part_files(out: str) -> List[str]:
 
 
 def remove_part_files(out: str, paths: Sequence[str]) -> None:
-    """Remove merged part files of a sweep into `out`, and every temporary file (`out.partR.tmp-PID`)
-    that a rank killed in the middle of a write left behind: once the part files are merged (or
-    dropped by a restart), no rank is writing them."""
+    """Removes merged part files of a sweep into `out`, and the temporary files ranks left behind.
+
+    The temporary files (`out.partR.tmp-PID`) are those of a rank killed in the middle of a
+    write: once the part files are merged (or dropped by a restart), no rank is writing them.
+    """
     out = os.fspath(out)
     leftovers = [p for p in glob.glob(glob.escape(out) + ".part*.tmp-*")
                  if p[len(out) + 5 :].split(".tmp-")[0].isdigit()]
@@ -360,7 +386,33 @@ def remove_part_files(out: str, paths: Sequence[str]) -> None:
 
 
 def load_cells(path: str) -> List[dict]:
-    """The cells of a sweep file (JSON or CSV)."""
+    """The cells of a sweep file (JSON or CSV) that ``repcap_fast.packing.sweep`` wrote.
+
+    Every record is checked when read (ints for k, d, steps, p, seed; numbers or null for ε and
+    the statistics); files of the earlier sweep formats are read as the current one.
+
+    Args:
+        path (str | os.PathLike): the sweep file.
+
+    Returns:
+        List[dict]: one record per cell (k, d), with the fields of ``CELL_FIELDS``, in the file's
+        order.
+
+    Raises:
+        FileNotFoundError: there is no file at `path`.
+        ValueError: `path` is a folder, a file that is not a sweep file, or a sweep file with a
+            malformed record or two records of one cell that disagree.
+
+    Example:
+        >>> import os, shutil, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> out = os.path.join(folder, "cells.csv")
+        >>> _ = rf.packing.sweep([4], [3], out, steps=5, progress=False)
+        >>> cell = rf.packing.load_cells(out)[0]
+        >>> cell["k"], cell["d"], cell["steps"], cell["method"]
+        (4, 3, 5, 'paper')
+        >>> shutil.rmtree(folder)
+    """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no sweep results at {path!r}")

@@ -269,6 +269,11 @@ def _ddp_rank(rank, world, init_file, out_file):
         step(inputs(120, seed=10 + rank)).backward()
         if rank == 0:
             torch.save([p.grad for p in model.parameters()], out_file)
+        # Wait for every queued collective, then drop DDP's reducer (it holds the process group)
+        # while the group is alive: a gloo group destroyed with work still queued can deadlock on
+        # the GIL in torch 2.13 (seen here: the main thread joins a gloo worker that waits for it).
+        dist.barrier()
+        step = model = None  # noqa: F841  (the references go before the group does)
     finally:
         dist.destroy_process_group()
 

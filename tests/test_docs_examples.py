@@ -1,4 +1,4 @@
-"""Every Python block of the documentation pages (docs/**/*.md) runs.
+"""Every Python block of README.md and of the documentation pages (docs/**/*.md) runs.
 
 Each block is a complete script: it is written to a file and run in a fresh process, so a block
 can start processes of its own under `if __name__ == "__main__":` (the DDP example). A block that
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = sorted((ROOT / "docs").rglob("*.md"))
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```python\n(.*?)^```\s*$", re.S | re.M)
 MARKER = re.compile(r"^# docs-example: (\w+)(.*)$")
 

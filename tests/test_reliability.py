@@ -213,11 +213,11 @@ def _no_work(monkeypatch):
     for mod, name in ((packing, "optimize"), (pga_op, "subspace_pga")):
         monkeypatch.setattr(mod, name, fail)
     import repcap_fast.cli as cli
-    import repcap_fast.report as report
+    import repcap_fast.report.stages as stages
 
     monkeypatch.setattr(cli, "load_embeddings", fail)
     monkeypatch.setattr(cli.packing, "optimize", fail)
-    monkeypatch.setattr(report, "_load_for_report", fail)
+    monkeypatch.setattr(stages, "_load_for_report", fail)
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import repcap_fast as rf
-from repcap_fast import pga, report, report_control, spectral, survey
+from repcap_fast import pga, report, spectral
 from repcap_fast.cli import main
 from repcap_fast.geometry import grassmann_bases
 from repcap_fast.ops.grassmann_normals import grassmann_normals
-from repcap_fast.report import ReportSettings, run_report, run_survey
+from repcap_fast.report import ReportSettings, pipeline, run_report, run_survey, stages, survey
 
 # ------------------------------------------------------------- numbers of every type (item 2)
 
@@ -267,7 +267,7 @@ def test_a_failed_report_leaves_no_earlier_output_beside_its_report_json(npy, tm
     for exc in (KeyboardInterrupt(), RuntimeError("boom")):
         def fail(*a, **k):
             raise exc
-        monkeypatch.setattr(report, "epsilon_analysis", fail)
+        monkeypatch.setattr(stages, "epsilon_analysis", fail)
         with pytest.raises(type(exc)):
             run_report(str(npy), str(out), ReportSettings(bins=64), **_quiet())
         doc = json.loads((out / "report.json").read_text())
@@ -340,7 +340,7 @@ def tiny_llama():
 
 def _no_work(monkeypatch):
     for name in ("hidden_states", "epsilon_analysis", "pga_profile"):
-        monkeypatch.setattr(report, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran before the check"))
+        monkeypatch.setattr(stages, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran before the check"))
 
 
 def _probe_file(path, rows, encoding="utf-8"):
@@ -498,7 +498,7 @@ def test_a_failed_control_report_names_only_what_ran_and_leaves_no_stale_analysi
 
     def trained_fails(*a, **k):
         raise RuntimeError("boom")
-    monkeypatch.setattr(report_control, "run_report", trained_fails)
+    monkeypatch.setattr(pipeline, "run_report", trained_fails)
     with pytest.raises(RuntimeError):
         report.run_control_report(str(npy), str(out), ReportSettings(), **_quiet())
     doc = json.loads((out / "report.json").read_text())

@@ -181,10 +181,10 @@ def test_nnsight_model_in_training_mode_is_run_in_eval_mode_and_restored():
 
 
 def test_the_eval_mode_is_stated_in_the_docstrings():
-    from repcap_fast.models import in_memory
+    from repcap_fast.models import runner
 
     assert "eval mode" in hidden_states.__doc__ and "training" in hidden_states.__doc__
-    assert "training" in in_memory.Runner.__doc__
+    assert "training" in runner.Runner.__doc__
 
 
 # ------------------------------------------- 5. n_rows="tokenizer" keeps the rows up to the highest id

@@ -214,14 +214,14 @@ def test_report_on_a_base_model_without_head_and_on_pytorch_bin(tmp_path, monkey
     torch.save(model.state_dict(), bin_dir / "pytorch_model.bin")
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(tmp_path / "full" / name, bin_dir / name)
-    real_profile = rf.report.pga_profile
+    real_profile = rf.report.stages.pga_profile
 
     def flagged_profile(*args, **kwargs):  # a degenerate-input warning on layer 1 reaches the report
         out = real_profile(*args, **kwargs)
         out[1][1].warnings.append("duplicated tokens: (planted by the test)")
         return out
 
-    monkeypatch.setattr(rf.report, "pga_profile", flagged_profile)
+    monkeypatch.setattr(rf.report.stages, "pga_profile", flagged_profile)
     doc = rf.report.run_report(str(bin_dir), str(tmp_path / "o2"), ReportSettings(n_tokens=200, k=8, n_null=5,
                                                                                    ccrs=(1,)),
                                progress=False, log=lambda *a: None)

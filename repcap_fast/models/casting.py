@@ -1,6 +1,8 @@
-"""Casts to a dtype the user asked for, with an overflow named at the cast: a value beyond the
-target's range (65504 for float16) would silently become ±inf, and the error would come later
-as "NaN/Inf" with no word of the cast."""
+"""Casts to a dtype the user asked for, with an overflow named at the cast.
+
+A value beyond the target's range (65504 for float16) would silently become ±inf, and the error
+would come later as "NaN/Inf" with no word of the cast.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +24,7 @@ def _alternatives(largest: float, dtype: torch.dtype) -> str:
 
 
 def overflow_error(dtype: torch.dtype, what: str, largest: Optional[float]) -> ValueError:
-    """The ValueError for values of `what` beyond `dtype`'s range (largest: their largest
-    magnitude, or None when it is not known)."""
+    """The ValueError for values of `what` beyond `dtype`'s range (`largest`: their largest magnitude, or None)."""
     name, top = _name(dtype), torch.finfo(dtype).max
     values = f"values up to {largest:g} in magnitude" if largest is not None else "values"
     return ValueError(f"dtype={name}: {what} has {values}, beyond {name}'s range (±{top:g}): the cast to {name} "
@@ -31,9 +32,11 @@ def overflow_error(dtype: torch.dtype, what: str, largest: Optional[float]) -> V
 
 
 def cast(t: torch.Tensor, dtype: Optional[torch.dtype], what: str) -> torch.Tensor:
-    """`t.to(dtype)` (t itself when dtype is None or already t's), refused with `overflow_error`
-    when a finite value of t becomes ±inf. Values that were already ±inf stay so (the checks of
-    the ops that use them name those)."""
+    """`t.to(dtype)` (t itself when dtype is None or already t's).
+
+    Refused with `overflow_error` when a finite value of t becomes ±inf. Values that were already
+    ±inf stay so (the checks of the ops that use them name those).
+    """
     if dtype is None or t.dtype == dtype:
         return t
     out = t.to(dtype)
@@ -49,8 +52,11 @@ def cast(t: torch.Tensor, dtype: Optional[torch.dtype], what: str) -> torch.Tens
 
 
 def check_loaded(model: torch.nn.Module, dtype: Optional[torch.dtype], what: str) -> None:
-    """After a model was loaded (or built) and cast to a 16-bit dtype: a parameter that holds ±inf
-    is a value the cast put out of range; ValueError naming the parameter."""
+    """After a model was loaded (or built) and cast to a 16-bit dtype.
+
+    A parameter that holds ±inf is a value the cast put out of range; ValueError naming the
+    parameter.
+    """
     if dtype not in (torch.float16, torch.bfloat16):
         return
     for pname, p in model.named_parameters():

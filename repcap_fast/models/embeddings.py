@@ -1,5 +1,8 @@
-"""load_embeddings: the embedding matrices of a model (input embedding, unembedding), offline,
-with the architecture's tensor names, ties reported with their reason, and padded vocabularies."""
+"""The embedding matrices of a model, offline (`load_embeddings`).
+
+The input embedding and the unembedding, found by the architecture's tensor names, with ties
+reported with their reason, and padded vocabularies.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +14,26 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .. import _validation as val
+from ._tokenizers import _in_memory_tokenizer_size, _no_tokenizer_why, _tokenizer_size
 from .casting import cast
-from .hidden_states import INITS, open_model
 from .in_memory import InMemorySource, embedding_tensors, is_in_memory
+from .loading import INITS, open_model
 from .readers import MissingTensorError, _GGUFReader, _NpyReader, _Reader, _TorchReader, open_reader, read_json
 from .sources import ResolvedSource, resolve_source
 
 
 @dataclass(frozen=True)
 class TensorNames:
-    """Where an architecture keeps its input embedding and its unembedding, most likely first."""
+    """Where an architecture keeps its input embedding and its unembedding, most likely name first.
+
+    Attributes:
+        input (tuple[str, ...]): the names of the input embedding tensor.
+        output (tuple[str, ...]): the names of the unembedding tensor.
+
+    Example:
+        >>> rf.models.ARCHITECTURES["gpt2"]
+        TensorNames(input=('transformer.wte.weight', 'wte.weight'), output=('lm_head.weight',))
+    """
 
     input: Tuple[str, ...]
     output: Tuple[str, ...]
@@ -53,8 +66,10 @@ _TIE_DEFAULTS = {"llama": False, "mistral": False, "mixtral": False, "qwen2": Fa
 
 
 class NoUnembeddingError(KeyError, ValueError):
-    """The source has an input embedding but no unembedding (a single matrix, an SAE decoder, or an
-    untied checkpoint saved without its output head)."""
+    """The source has an input embedding but no unembedding.
+
+    A single matrix, an SAE decoder, or an untied checkpoint saved without its output head.
+    """
 
     def __str__(self):  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
@@ -95,91 +110,35 @@ def _tie_default(model_type: Optional[str]) -> Optional[bool]:
         return _TIE_DEFAULTS.get(model_type)
 
 
-def _tokenizer_size(resolved: ResolvedSource, reader: _Reader) -> Tuple[Optional[Tuple[int, int]], str]:
-    """((rows its ids span: the highest id + 1, its distinct token ids), the file it was read
-    from), when a tokenizer is there (vocabulary plus added tokens); else (None, "")."""
-    if isinstance(reader, _GGUFReader):
-        n = reader.field_length("tokenizer.ggml.tokens")  # a list: ids 0..n-1
-        return (None if not n else (n, n)), f"{resolved.path} (tokenizer.ggml.tokens)"
-    directory = resolved.path if resolved.kind == "directory" else os.path.dirname(resolved.path)
-    tj = os.path.join(directory, "tokenizer.json")
-    if os.path.exists(tj):
-        return _tokenizer_json_size(tj), tj
-    vt = os.path.join(directory, "vocab.txt")
-    if os.path.exists(vt):
-        try:
-            with open(vt, encoding="utf-8") as fh:
-                n = sum(1 for _ in fh)  # one token a line: ids 0..n-1
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{vt}: not UTF-8 text (byte {exc.start})") from exc
-        return (n, n) if n else None, vt
-    return None, ""
-
-
-def _tokenizer_json_size(path: str) -> Optional[Tuple[int, int]]:
-    """(the highest token id + 1, the number of distinct ids) of a tokenizer.json (model.vocab
-    plus added_tokens); None when it has no vocabulary this can count. ValueError naming the file
-    when it is malformed."""
-    tok = read_json(path, "a tokenizer")
-    model = tok.get("model", {})
-    if model is None:
-        model = {}
-    if not isinstance(model, dict):
-        raise ValueError(f"{path}: \"model\" is a JSON {type(model).__name__}, not an object")
-    vocab = model.get("vocab")
-    if isinstance(vocab, dict):
-        if not all(_is_id(v) for v in vocab.values()):
-            bad = next((k, v) for k, v in vocab.items() if not _is_id(v))
-            raise ValueError(f"{path}: model.vocab[{str(bad[0])[:40]!r}] is {json.dumps(bad[1])[:40]}, not a "
-                             f"token id (a non-negative int)")
-        ids = set(vocab.values())
-    elif isinstance(vocab, list):
-        ids = set(range(len(vocab)))
-    else:
-        return None
-    added = tok.get("added_tokens", [])
-    if added is None:
-        added = []
-    if not isinstance(added, list):
-        raise ValueError(f"{path}: \"added_tokens\" is a JSON {type(added).__name__}, not a list")
-    for i, t in enumerate(added):
-        if not isinstance(t, dict):
-            raise ValueError(f"{path}: added_tokens[{i}] is {json.dumps(t)[:40]}, not an object")
-        if "id" in t:
-            if not _is_id(t["id"]):
-                raise ValueError(f"{path}: added_tokens[{i}].id is {json.dumps(t['id'])[:40]}, not a token id "
-                                 f"(a non-negative int)")
-            ids.add(t["id"])
-    return (max(ids) + 1, len(ids)) if ids else None
-
-
-def _is_id(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
-
-
-def _in_memory_tokenizer_size(tok) -> Optional[Tuple[int, int]]:
-    """(the highest token id + 1, the number of tokens) of a tokenizer object: len(tokenizer)
-    counts tokens, and ids may leave holes (or sit beyond len)."""
-    if tok is None:
-        return None
-    try:
-        ids = {int(i) for i in tok.get_vocab().values()}
-    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: its length is all there is
-        ids = set()
-    n = len(tok)
-    return (max(max(ids) + 1, n), max(len(ids), n)) if ids else ((n, n) if n else None)
-
-
 @dataclass
 class Embeddings:
     """An embedding matrix and/or unembedding, with where they came from and how they relate.
 
-    `input` is V×d (the token embedding, or an SAE's W_dec), `output` V×d (the unembedding W_U in
-    Hugging Face layout). When they are tied, `output` is `input` (the same tensor).
+    Made by `load_embeddings`. When the two are tied, `output` is `input` (the same tensor).
 
-    `tokenizer_size` is the number of rows the tokenizer's token ids index: its highest id + 1.
-    Ids it leaves unused below that (holes) count, as rows of the matrix; `tokenizer_tokens` is the
-    number of distinct token ids, which is smaller when there are holes."""
+    Attributes:
+        input (torch.Tensor | None): the V×d token embedding (or an SAE's W_dec).
+        output (torch.Tensor | None): the V×d unembedding W_U, in Hugging Face layout.
+        tied (bool | None): whether they are the same; None when there is no unembedding.
+        tied_reason (str): why, in words.
+        source (str): the source as given (or a model in memory's label).
+        path (str): where it was read from.
+        kind (str): the reader ("safetensors", "gguf", "npy", "pt", "sae", or the in-memory framework).
+        architecture (str | None): the architecture whose tensor names were used.
+        input_name (str | None): the input tensor's name.
+        output_name (str | None): the unembedding tensor's name.
+        files_opened (list[str]): the files read.
+        vocab_rows (int): rows of the stored matrix.
+        tokenizer_size (int | None): rows the tokenizer's ids index (its highest id + 1), holes included.
+        rows_kept (int): rows returned (`n_rows`).
+        config (dict): the model's config.
+        tokenizer_tokens (int | None): distinct token ids (smaller than tokenizer_size when ids leave holes).
+
+    Example:
+        >>> emb = rf.load_embeddings("minilm", n_rows=1000)
+        >>> tuple(emb.input.shape), emb.d_model, emb.vocab_rows, emb.padded_rows
+        ((1000, 384), 384, 30522, 0)
+    """
 
     input: Optional[torch.Tensor]
     output: Optional[torch.Tensor]
@@ -205,10 +164,11 @@ class Embeddings:
 
     @property
     def d_model(self) -> int:
+        """The width d of the matrices."""
         return int((self.input if self.input is not None else self.output).shape[1])
 
     def to_dict(self) -> Dict:
-        """Everything but the tensors (for report.json)."""
+        """Everything but the tensors, as JSON values (for report.json)."""
         def desc(t):
             return None if t is None else {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
                                            "device": str(t.device)}
@@ -232,8 +192,10 @@ def _names_listing(names: Sequence[str], limit: int = 40) -> str:
 
 
 def _find_embedding_names(cfg: Dict, names: Sequence[str], where: str) -> Tuple[str, Optional[str], str]:
-    """(architecture, input name, output name or None) from the config's model_type, else from
-    the tensor names alone."""
+    """(architecture, input name, output name or None) from the config's model_type.
+
+    Else from the tensor names alone.
+    """
     model_type = cfg.get("model_type")
     if model_type in ARCHITECTURES:
         arch = ARCHITECTURES[model_type]
@@ -256,23 +218,12 @@ def _find_embedding_names(cfg: Dict, names: Sequence[str], where: str) -> Tuple[
                                f"choose one.")
 
 
-def _no_tokenizer_why(resolved: ResolvedSource, kind: str) -> str:
-    """Why a source has no tokenizer size, naming where it was looked for."""
-    if kind == "gguf":
-        return f"{resolved.path} has no tokenizer.ggml.tokens"
-    if kind in ("sae", "npy"):
-        return f"{resolved.path} is a single matrix"
-    directory = resolved.path if resolved.kind == "directory" else os.path.dirname(resolved.path)
-    tj = os.path.join(directory, "tokenizer.json")
-    if os.path.exists(tj):
-        return f"{tj} has no token ids to count (model.vocab, an object or a list, and added_tokens)"
-    return f"{directory} has no tokenizer.json or vocab.txt"
-
-
 def _check_n_rows(n_rows, vocab_rows: int, tokenizer_size: Optional[int], no_tokenizer_why: str = "",
                   tokenizer_where: str = "") -> int:
-    """The rows to keep: all (None), the first N (an integer of any kind: Python, numpy, torch),
-    or "tokenizer": the rows the tokenizer's ids index (its highest id + 1; holes below it stay)."""
+    """The rows to keep: all (None), the first N (an integer of any kind: Python, numpy, torch), or "tokenizer".
+
+    The rows the tokenizer's ids index (its highest id + 1; holes below it stay).
+    """
     if n_rows is None:
         return vocab_rows
     if isinstance(n_rows, str):
@@ -296,12 +247,37 @@ def _check_n_rows(n_rows, vocab_rows: int, tokenizer_size: Optional[int], no_tok
 
 def check_embeddings(source=None, which: str = "input", n_rows: Union[int, str, None] = None,
                      tensor: Optional[str] = None) -> None:
-    """Everything `load_embeddings(source, which, n_rows=n_rows, tensor=tensor)` checks before it
-    reads a value: the source resolves, its files' headers parse, the embedding tensors are found
-    by name (or `tensor` is there) with 2-D shapes, n_rows fits, and an unembedding exists when
-    `which` asks for one; no matrix is read. For a survey or a batch of sources, checked before
-    the first one's work. A model in memory is not checked here (it is already loaded). Raises
-    what load_embeddings raises."""
+    """Checks everything `load_embeddings` checks before it reads a value; no matrix is read.
+
+    The source resolves, its files' headers parse, the embedding tensors are found by name (or
+    `tensor` is there) with 2-D shapes, n_rows fits, and an unembedding exists when `which` asks for
+    one. For a survey or a batch of sources, checked before the first one's work. A model in memory
+    is not checked (it is already loaded).
+
+    Args:
+        source (str | os.PathLike | object | None): as for `load_embeddings`. None: MiniLM.
+        which (str): "input", "output" or "both". Default "input".
+        n_rows (int | str | None): as for `load_embeddings`. Default None.
+        tensor (str | None): the input tensor's name. Default None.
+
+    Returns:
+        None
+
+    Raises:
+        ValueError: what `load_embeddings` raises before reading values: a bad `which` or n_rows, a
+            tensor that is not 2-D, a malformed header (a MissingTensorError, KeyError and ValueError,
+            when no embedding tensor is found; NoUnembeddingError when `which` needs an unembedding
+            that is not there).
+        FileNotFoundError: the source is not on this machine.
+
+    Example:
+        >>> rf.models.check_embeddings("minilm", which="both") is None
+        True
+        >>> rf.models.check_embeddings("minilm", n_rows=10**6)
+        Traceback (most recent call last):
+        ...
+        ValueError: n_rows must be an int in [2, 30522] (the matrix has 30522 rows), got 1000000
+    """
     if is_in_memory(source):
         return
     _embeddings(source, which, None, None, n_rows, tensor, None, "trained", 0, read=False)
@@ -310,33 +286,49 @@ def check_embeddings(source=None, which: str = "input", n_rows: Union[int, str, 
 def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dtype] = None, device=None,
                     n_rows: Union[int, str, None] = None, tensor: Optional[str] = None, *, tokenizer=None,
                     init: str = "trained", seed: int = 0) -> Embeddings:
-    """Read only the embedding matrices of a model, offline.
-
-    Args:
-        source: a path (model directory, .safetensors, .gguf, .npy, .pt), a Hugging Face repo id
-            in the local cache, or an alias ("minilm", the default; "smollm2"); or a model in
-            memory (`in_memory.in_memory_source`): a transformers model, a TransformerLens
-            HookedTransformer, an nnsight LanguageModel or an SAE-Lens SAE (its W_dec).
-        which: "input" (token embedding), "output" (unembedding W_U, V×d) or "both".
-        dtype: convert to this dtype; None keeps the stored one (a bf16 checkpoint stays bf16).
-            GGUF tensors are dequantized to float32 (F32/F16/BF16/F64 ones keep their type). A
-            value beyond the dtype's range (65504 for float16) is an error, not an inf.
-        device: where the tensors go (default: the CPU for a file; a model in memory's own device,
-            where its parameters are returned as detached views, not copies).
-        n_rows: keep the first n_rows rows (an integer: Python, numpy or torch); "tokenizer" keeps
-            the rows the tokenizer's token ids index, up to its highest id (ids it leaves unused
-            below that stay, as rows of the matrix), and drops a padded vocabulary's extra rows
-            (`Embeddings.padded_rows` says how many there are); a tokenizer whose ids go beyond
-            the matrix is an error. Only the rows kept are read (and dequantized, for GGUF).
-        tensor: the input tensor's name, for layouts the architecture table does not know (for a
-            model in memory, the name of one of its parameters).
-        tokenizer: a model in memory's tokenizer (its size is the number of real tokens).
-        init: "trained", or "random": the same architecture built from its config at
-            initialization with `seed` (`in_memory.random_init`; no weights are read). seed: an
-            integer in [0, 2^63 - 1], checked whatever init is.
+    """Reads only the embedding matrices of a model, offline.
 
     Tied embeddings (the same tensor, no output tensor, or config.tie_word_embeddings) are detected
-    and reported in `tied` and `tied_reason`; then `output` is `input`.
+    and reported in `tied` and `tied_reason`; then `output` is `input`. Only the rows kept are read
+    (and dequantized, for GGUF).
+
+    Args:
+        source (str | os.PathLike | object | None): a path (model directory, .safetensors, .gguf,
+            .npy, .pt), a Hugging Face repo id in the local cache, or an alias ("minilm", the default;
+            "smollm2"); or a model in memory (`in_memory_source`): a transformers model, a
+            TransformerLens HookedTransformer, an nnsight LanguageModel or an SAE-Lens SAE (its W_dec).
+        which (str): "input" (token embedding), "output" (unembedding W_U, V×d) or "both".
+            Default "input".
+        dtype (torch.dtype | None): convert to this dtype; None keeps the stored one (GGUF quantized
+            tensors are dequantized to float32). Default None.
+        device (str | torch.device | None): where the tensors go; None: the CPU for a file, a model in
+            memory's own device (its parameters as detached views, not copies). Default None.
+        n_rows (int | str | None): keep the first n_rows rows; "tokenizer": the rows the tokenizer's
+            ids index, up to its highest id, which drops a padded vocabulary's extra rows
+            (`Embeddings.padded_rows`); None: all. Default None.
+        tensor (str | None): the input tensor's name, for layouts the architecture table does not
+            know (for a model in memory, one of its parameters). Default None.
+        tokenizer (object): a model in memory's tokenizer (its size is the number of real tokens).
+            Default None.
+        init (str): "trained", or "random": the same architecture at initialization with `seed`
+            (`random_init`; no weights are read). Default "trained".
+        seed (int): the seed of a random init, in [0, 2^63 - 1] (checked whatever init is). Default 0.
+
+    Returns:
+        Embeddings: the matrices, with their names, tie, tokenizer size and provenance.
+
+    Raises:
+        ValueError: a bad `which`, dtype, init or n_rows; a tensor that is not 2-D; a malformed file;
+            a value beyond `dtype`'s range (65504 for float16); no known embedding tensor
+            (MissingTensorError, also a KeyError); no unembedding when `which` asks for one
+            (NoUnembeddingError, also a KeyError).
+        TypeError: an integer argument that is not an integer.
+        FileNotFoundError: the source is not on this machine.
+
+    Example:
+        >>> emb = rf.load_embeddings("minilm", which="both", n_rows="tokenizer")
+        >>> tuple(emb.input.shape), emb.tied, emb.output is emb.input
+        ((30522, 384), True, True)
     """
     return _embeddings(source, which, dtype, device, n_rows, tensor, tokenizer, init, seed, read=True)
 
@@ -468,8 +460,11 @@ def _embeddings(source, which, dtype, device, n_rows, tensor, tokenizer, init, s
 
 
 def _in_memory_embeddings(src: InMemorySource, which: str, dtype, device, n_rows, tensor) -> Embeddings:
-    """load_embeddings for a model in memory: its parameters as detached views (copied only by a
-    dtype, device or row selection), with the same tie rules as for files."""
+    """load_embeddings for a model in memory.
+
+    Its parameters as detached views (copied only by a dtype, device or row selection), with the
+    same tie rules as for files.
+    """
     found = embedding_tensors(src)
     if tensor is not None:
         params = dict(src.model.named_parameters())

@@ -1,7 +1,9 @@
-"""The GGUF reader: a file's header walked with every size it claims checked against the file,
-then its metadata and tensors through the `gguf` package; only the tensor asked for is read, and
-of it only the rows asked for are dequantized (GGUF quantizes each row on its own, in blocks along
-the row)."""
+"""The GGUF reader.
+
+A file's header walked with every size it claims checked against the file, then its metadata and
+tensors through the `gguf` package; only the tensor asked for is read, and of it only the rows asked
+for are dequantized (GGUF quantizes each row on its own, in blocks along the row).
+"""
 
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ _GGUF_MAX_NESTING = 8
 
 
 class _GGUFLayout:
-    """A walk over a GGUF file's header (metadata and tensor infos) with every length, count and
-    offset checked against the file's size before it is used: the `gguf` package trusts them (an
-    array that runs past the end of the file loops for as many elements as it claims)."""
+    """A walk over a GGUF file's header (metadata and tensor infos) with every length.
+
+    Count and offset checked against the file's size before it is used: the `gguf` package trusts
+    them (an array that runs past the end of the file loops for as many elements as it claims).
+    """
 
     def __init__(self, path: str, buf, gguf):
         self.path, self.buf, self.size, self.pos, self.gguf = path, buf, len(buf), 0, gguf
@@ -166,8 +170,10 @@ class _GGUFLayout:
 
 
 def check_gguf(path: str, gguf=None) -> None:
-    """Check a GGUF file's header against its size (see _GGUFLayout): ValueError naming the file when it is
-    truncated, corrupt or not GGUF."""
+    """Check a GGUF file's header against its size (see _GGUFLayout).
+
+    ValueError naming the file when it is truncated, corrupt or not GGUF.
+    """
     if gguf is None:
         import gguf
     size = _file_size(path)
@@ -178,8 +184,11 @@ def check_gguf(path: str, gguf=None) -> None:
 
 
 class _GGUFReader(_Reader):
-    """A GGUF file through the `gguf` package: metadata and tensor headers are parsed (after a check
-    of every size they claim against the file's), and only the tensor asked for is dequantized."""
+    """A GGUF file through the `gguf` package.
+
+    Metadata and tensor headers are parsed (after a check of every size they claim against the
+    file's), and only the tensor asked for is dequantized.
+    """
 
     kind = "gguf"
 

@@ -1,12 +1,13 @@
-"""hidden_states: token representations of a model (read from disk, or in memory) at every
-requested layer, offline, from a seeded token sample of a text (by default the bundled
-public-domain corpus) or of given token ids."""
+"""Token representations of a model at every requested layer, offline (`hidden_states`).
+
+The model is read from disk or held in memory; the tokens are a seeded sample of a text (by
+default the bundled public-domain corpus, `default_corpus`) or of given token ids.
+"""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -19,12 +20,10 @@ import torch
 
 from .. import _validation as val
 from .._progress import progress_bar
-from .casting import check_loaded
-from .in_memory import InMemorySource, Runner, in_memory_source, is_in_memory, random_init
-from .sources import ResolvedSource, resolve_source
+from .loading import open_model
+from .runner import Runner
 
 DEFAULT_CORPUS = "sherlock_holmes"
-INITS = ("trained", "random")
 LAST_LAYER_MEANING = {
     "final_norm": "the last layer is the framework's last hidden state: after the model's final norm when it has "
                   "one (transformers' hidden_states[-1]; TransformerLens: ln_final of the last hook_resid_post)",
@@ -34,8 +33,18 @@ LAST_LAYER_MEANING = {
 
 
 def default_corpus() -> Tuple[str, List[str]]:
-    """(name, paragraphs) of the bundled corpus: The Adventures of Sherlock Holmes (public domain;
-    repcap_fast/data/README.md)."""
+    """The bundled corpus as (name, paragraphs): The Adventures of Sherlock Holmes (public domain).
+
+    The paragraphs are whitespace-normalised; repcap_fast/data/README.md says where the text is from.
+
+    Returns:
+        tuple[str, list[str]]: "sherlock_holmes" and its paragraphs.
+
+    Example:
+        >>> name, paragraphs = rf.models.default_corpus()
+        >>> name, len(paragraphs) > 1000, paragraphs[0][:24]
+        ('sherlock_holmes', True, '...')
+    """
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "sherlock_holmes.txt.gz")
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         text = fh.read()
@@ -44,8 +53,17 @@ def default_corpus() -> Tuple[str, List[str]]:
 
 
 def jsonl_objects(path: str) -> Iterator[Tuple[int, object]]:
-    """(line number, parsed JSON) of each non-blank line of a JSON-lines file; a line that is not
-    JSON is a ValueError naming the file and the line."""
+    """Yields (line number, parsed JSON) of each non-blank line of a JSON-lines file.
+
+    Args:
+        path (str): the .jsonl file.
+
+    Yields:
+        tuple[int, object]: the 1-based line number and the value on it.
+
+    Raises:
+        ValueError: a line is not JSON (the message names the file and the line).
+    """
     with open(path, encoding="utf-8") as fh:
         for i, line in enumerate(fh, 1):
             if not line.strip():
@@ -57,7 +75,16 @@ def jsonl_objects(path: str) -> Iterator[Tuple[int, object]]:
 
 
 def padded_batch(seqs: Sequence[Sequence[int]], pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(input ids, attention mask) of token sequences padded on the right to the longest."""
+    """Pads token sequences on the right to the longest: (input ids, attention mask).
+
+    Args:
+        seqs (Sequence[Sequence[int]]): the token ids of each sequence.
+        pad (int): the id padding fills with.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: int64 ids and mask (1 on tokens, 0 on padding), both
+        len(seqs) × the longest length.
+    """
     width = max(len(seq) for seq in seqs)
     input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -68,8 +95,28 @@ def padded_batch(seqs: Sequence[Sequence[int]], pad: int) -> Tuple[torch.Tensor,
 
 
 def read_texts(path: str, jsonl_key: str = "text") -> List[str]:
-    """Texts from a file: .jsonl (one JSON object per line, its `jsonl_key` field) or plain text
-    (paragraphs separated by blank lines)."""
+    r"""Reads the texts of a file: the field of each line of a .jsonl, or the paragraphs of plain text.
+
+    Plain text is split into paragraphs at blank lines, each whitespace-normalised.
+
+    Args:
+        path (str): a .jsonl file (one JSON object per line) or a plain-text file.
+        jsonl_key (str): the string field of each .jsonl object. Default "text".
+
+    Returns:
+        list[str]: the texts.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: a .jsonl line that is not JSON, or not an object with a string field `jsonl_key`.
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "text.txt")
+        >>> _ = open(path, "w").write("First  paragraph.\n\nSecond\nparagraph.\n")
+        >>> rf.models.read_texts(path)
+        ['First paragraph.', 'Second paragraph.']
+    """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"text file {path!r} does not exist")
     if path.endswith(".jsonl"):
@@ -85,13 +132,26 @@ def read_texts(path: str, jsonl_key: str = "text") -> List[str]:
 
 
 class HiddenStates(Mapping):
-    """layer → N×d token representations (float32, on `states_device`), for the same N sampled
-    tokens at every layer. Layer 0 is the embedding output, layer l the output of block l, and the
-    last layer is read at the point `meta["last_layer"]` names.
+    """Token representations at every kept layer: a mapping layer → N×d float32 tensor.
 
-    Attributes: token_ids (N), windows and offsets (where each token sat), seed, n_tokens,
-    seq_len, tokens_per_window, text (name, sha256, paragraphs, tokens available), model (a
-    description) and layers (the ones kept)."""
+    The same N sampled tokens at every layer; layer 0 is the embedding output, layer l the output
+    of block l, and the last layer is read at the point ``meta["last_layer"]`` names. Made by
+    `hidden_states`.
+
+    Attributes:
+        token_ids (torch.Tensor): the N token ids, in the order of the rows.
+        windows (torch.Tensor): the window each token sat in.
+        offsets (torch.Tensor): its position in that window.
+        meta (dict): provenance: source, seed, n_tokens, seq_len, tokens_per_window, text (name,
+            sha256, paragraphs, tokens available), model, last_layer, tokenizer, sampling.
+        layers (list[int]): the layers kept.
+
+    Example:
+        >>> states = rf.hidden_states("minilm", texts=["The cat sat on the mat. " * 20], n_tokens=64,
+        ...                           layers=[0, 6], progress=False)
+        >>> states.layers, tuple(states[6].shape), len(states.token_ids), states.meta["seed"]
+        ([0, 6], (64, 384), 64, 0)
+    """
 
     def __init__(self, states: Dict[int, torch.Tensor], meta: Dict):
         self._states = states
@@ -111,126 +171,13 @@ class HiddenStates(Mapping):
 
     @property
     def layers(self) -> List[int]:
+        """The layers kept, in increasing order."""
         return list(self._states)
 
     def to_dict(self) -> Dict:
         """Provenance, without the tensors (token ids included, so the sample can be rebuilt)."""
         return {**self.meta, "layers": self.layers, "token_ids": self.token_ids.tolist(),
                 "windows": self.windows.tolist(), "offsets": self.offsets.tolist()}
-
-
-def _load_hf(resolved: ResolvedSource, dtype: torch.dtype, device):
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise ImportError("hidden states need transformers: `pip install 'transformers>=4.56'`") from None
-    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    # The base model is loaded from a checkpoint that may hold a head (lm_head, embed_out):
-    # transformers reports those tensors as unexpected, which is expected here.
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        return _load_hf_quiet(resolved, dtype, device, AutoModel, AutoModelForCausalLM, AutoTokenizer)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",
-                    "spiece.model", "sentencepiece.bpe.model")
-
-
-def _gguf_in(resolved: ResolvedSource) -> Optional[Tuple[str, str]]:
-    """(directory, file) of the GGUF model at the source, if it is one."""
-    if resolved.kind == "gguf":
-        return os.path.split(resolved.path)
-    if resolved.kind == "directory" and not os.path.exists(os.path.join(resolved.path, "config.json")):
-        ggufs = sorted(f for f in os.listdir(resolved.path) if f.endswith(".gguf"))
-        if len(ggufs) == 1:
-            return resolved.path, ggufs[0]
-    return None
-
-
-def runnable(source) -> Tuple[bool, str]:
-    """Whether `hidden_states` can run the model at SOURCE, and if not, why (without loading it)."""
-    if is_in_memory(source) and not isinstance(source, ResolvedSource):
-        src = in_memory_source(source) if not isinstance(source, InMemorySource) else source
-        if src.framework == "sae_lens":
-            return False, "an SAE-Lens SAE is a dictionary (W_dec): it runs no text"
-        return True, f"a {src.framework} model in memory"
-    resolved = source if isinstance(source, ResolvedSource) else resolve_source(source)
-    if _gguf_in(resolved) is not None:
-        return True, "a GGUF model (transformers reads it with the gguf package)"
-    if resolved.kind != "directory":
-        return False, (f"{resolved.path} is a single {resolved.kind} file: running the model needs its model directory "
-                       f"(config.json, weights, tokenizer)")
-    if not os.path.exists(os.path.join(resolved.path, "config.json")):
-        return False, f"{resolved.path} has no config.json"
-    if not any(os.path.exists(os.path.join(resolved.path, f)) for f in _TOKENIZER_FILES):
-        return False, (f"{resolved.path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}): copy the "
-                       f"tokenizer next to the weights")
-    return True, "a model directory with config.json and a tokenizer"
-
-
-def open_model(source=None, *, tokenizer=None, init: str = "trained", seed: int = 0,
-               dtype: Optional[torch.dtype] = None, device=None) -> Tuple[InMemorySource, Optional[ResolvedSource]]:
-    """The model of SOURCE, ready to run: (the model with its tokenizer, where it was read from or
-    None for a model in memory). init="random" builds the architecture from its config
-    (`random_init`); a model read from disk loads in `dtype` (default float32) on `device`
-    (default CPU); a model in memory stays where it is, and a `device` or `dtype` that differs
-    from its own is an error (it is never moved or cast behind the user's back). A checkpoint
-    with values beyond `dtype`'s range (65504 for float16) is an error naming the parameter, not
-    a model with ±inf weights. seed: an integer in [0, 2^63 - 1], checked whatever init is."""
-    if init not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {init!r}")
-    seed = val.check_seed(seed)
-    if dtype is not None:
-        dtype = val.check_dtype(dtype)
-    if init == "random":
-        if isinstance(source, InMemorySource) and source.init == "random":
-            return source, None
-        return random_init(source, seed, device=device, dtype=dtype, tokenizer=tokenizer), None
-    if is_in_memory(source):
-        src = in_memory_source(source, tokenizer)
-        if device is not None and torch.device(device) != src.device and not (
-                torch.device(device).type == src.device.type and torch.device(device).index is None):
-            raise ValueError(f"device={str(device)!r}, but the model is on {src.device}: a model in memory is not "
-                             f"moved; pass device=None (or {str(src.device)!r}), or move the model first")
-        if dtype is not None and dtype != src.dtype:
-            raise ValueError(f"dtype={dtype}, but the model is {src.dtype}: a model in memory is not cast; pass "
-                             f"dtype=None, or cast the model first")
-        return src, None
-    resolved = resolve_source(source)
-    if tokenizer is not None:
-        raise ValueError("tokenizer= is for a model in memory; a model read from disk uses its own tokenizer")
-    tok, model = _load_hf(resolved, dtype or torch.float32, "cpu" if device is None else device)
-    check_loaded(model, dtype, resolved.path)
-    return InMemorySource(model, "transformers", model, tok, resolved.source), resolved
-
-
-def _load_hf_quiet(resolved, dtype, device, AutoModel, AutoModelForCausalLM, AutoTokenizer):
-    ok, why = runnable(resolved)
-    if not ok:
-        raise ValueError(f"hidden states: {why}")
-    gguf_file = _gguf_in(resolved)
-    if gguf_file is not None:
-        directory, name = gguf_file
-        for module in ("gguf", "accelerate"):
-            if importlib.util.find_spec(module) is None:
-                raise ImportError(f"loading a GGUF model with transformers needs `{module}`: `pip install {module}`")
-        tok = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=dtype, local_files_only=True)
-        model = getattr(model, "base_model", model)  # the transformer without its head: no logits computed
-    else:
-        tok = AutoTokenizer.from_pretrained(resolved.path, local_files_only=True)
-        model = AutoModel.from_pretrained(resolved.path, dtype=dtype, local_files_only=True)
-    text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    vocab = getattr(text_cfg, "vocab_size", None)
-    if vocab and len(tok) < vocab // 2:
-        raise ValueError(f"the tokenizer at {resolved.path} has {len(tok)} tokens but the model's vocabulary has "
-                         f"{vocab}: it is not this model's tokenizer")
-    return tok, model.to(device).eval()
 
 
 def _specials(tok) -> Tuple[List[int], List[int]]:
@@ -244,7 +191,23 @@ def _specials(tok) -> Tuple[List[int], List[int]]:
 
 
 def layer_count(config: Dict) -> Optional[int]:
-    """The number of transformer blocks in a config dict (as `Embeddings.config` holds it)."""
+    """The number of transformer blocks a config dict names (num_hidden_layers, n_layer or num_layers).
+
+    Args:
+        config (dict): a model config as a dict (as `Embeddings.config` holds it).
+
+    Returns:
+        int | None: the number of blocks, or None when the config does not say.
+
+    Raises:
+        AttributeError: config is not a mapping (it has no ``get``).
+
+    Example:
+        >>> rf.models.layer_count({"num_hidden_layers": 6}), rf.models.layer_count({"n_layer": 12})
+        (6, 12)
+        >>> rf.models.layer_count({}) is None
+        True
+    """
     for key in ("num_hidden_layers", "n_layer", "num_layers"):
         if isinstance(config.get(key), int):
             return config[key]
@@ -252,10 +215,34 @@ def layer_count(config: Dict) -> Optional[int]:
 
 
 def check_layers(layers, n_layers: int) -> List[int]:
-    """`layers` ("all", an integer or a sequence of them: Python, numpy or torch integers, a 1-D
-    integer array or tensor; negative counts from the end) as sorted indices into the
-    n_layers + 1 hidden states, or an error naming `layers`: a non-integer (1.0, True) says so, an
-    integer out of range gives the valid range."""
+    """Checks a layer selection against a model with n_layers blocks, as sorted indices.
+
+    The model has n_layers + 1 hidden states: 0 (the embedding output) to n_layers (the last
+    block); negative indices count from the end, repeats are merged.
+
+    Args:
+        layers (str | int | Sequence[int] | None): "all" (or None), an integer, or a sequence of
+            them (Python, numpy or torch integers; a 1-D integer array or tensor).
+        n_layers (int): the number of blocks.
+
+    Returns:
+        list[int]: the layers, sorted, each in 0..n_layers.
+
+    Raises:
+        ValueError: a string other than "all", an empty list, or a layer out of range (the message
+            gives the valid range).
+        TypeError: a layer that is not an integer (1.0, True, "3").
+
+    Example:
+        >>> rf.models.check_layers("all", 3)
+        [0, 1, 2, 3]
+        >>> rf.models.check_layers([-1, 0, 0], 6)
+        [0, 6]
+        >>> rf.models.check_layers(7, 6)
+        Traceback (most recent call last):
+        ...
+        ValueError: layers: 7 is out of range; this model has layers 0..6 (0 = the embedding output, ...
+    """
     total = n_layers + 1
     if layers is None or (isinstance(layers, str) and layers == "all"):
         return list(range(total))
@@ -284,40 +271,64 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
                   states_device="cpu") -> HiddenStates:
     """Token representations of a model at every requested layer, offline.
 
-    SOURCE is a path, repo id or alias (a Hugging Face model directory or GGUF file), or a model
-    in memory (`in_memory.in_memory_source`: a transformers model, a TransformerLens
-    HookedTransformer, an nnsight LanguageModel).
-
     The model runs in eval mode, under torch.inference_mode: a model in memory left in training
     mode gives its eval-mode states (no dropout; the same states on every call), and every one of
     its submodules gets its own `training` flag back afterwards, also when the run raises.
 
-    The text (default: the bundled public-domain corpus, `default_corpus()`) is tokenized into one
-    stream and cut into windows of `seq_len` tokens (the tokenizer's special tokens added around
-    each). A seeded sample picks windows, then `n_tokens` positions uniformly among those windows'
-    tokens (about `tokens_per_window` per window); only those windows are run, in batches, and only
-    the sampled positions of the requested layers are kept (moved to `states_device` batch by batch).
+    The text is tokenized into one stream and cut into windows of `seq_len` tokens (the
+    tokenizer's special tokens added around each). A seeded sample picks windows, then `n_tokens`
+    positions uniformly among those windows' tokens (about `tokens_per_window` per window); only
+    those windows are run, in batches, and only the sampled positions of the requested layers are
+    kept (moved to `states_device` batch by batch).
 
     Args:
-        texts: a string or a list of strings; token_ids: a 1-D stream of ids, or a 2-D batch of
-            windows used as they are (no special tokens added). At most one of the two. Token ids
-            need no tokenizer (a 1-D stream then gets no special tokens); texts do.
-        layers: "all", an int or a list (0 = the embedding output; negative counts from the end).
-        n_tokens: tokens to sample; more than the text provides is an error. It, batch_size,
-            seq_len, tokens_per_window and seed are integers (Python, numpy or torch; not bools,
-            floats or strings).
-        dtype, device: the model's dtype and device. None: float32 on the CPU for a model read
-            from disk, and an in-memory model's own (it is never moved or cast: a different
-            explicit value is an error). In float16, weights (at the cast) or activations beyond
-            its range (±65504) are an error that says so, not inf states.
-        tokenizer: the tokenizer of an in-memory model (default: its own, or found from its
-            name_or_path on this machine).
-        init: "trained" (the weights as they are) or "random": the same architecture built from
-            its config at initialization (`in_memory.random_init`, seeded with `seed`).
-        last_layer: the point of the residual stream the last layer is read at, "final_norm" (the
-            framework's last hidden state, after the model's final norm when it has one) or
-            "resid_post" (the last block's output before it); see `in_memory.Runner`.
-        states_device: where the returned float32 states go (default the CPU).
+        source (str | os.PathLike | object | None): a path, repo id or alias (a Hugging Face model
+            directory or GGUF file), or a model in memory (`in_memory_source`: a transformers model,
+            a TransformerLens HookedTransformer, an nnsight LanguageModel). None: MiniLM.
+        texts (str | Sequence[str] | None): a string or a list of strings; None: the bundled corpus
+            (`default_corpus`). Default None.
+        token_ids (object): a 1-D stream of ids, or a 2-D batch of windows used as they are (no
+            special tokens added); needs no tokenizer. At most one of texts and token_ids. Default None.
+        layers (str | int | Sequence[int]): "all", an int or a list (0 = the embedding output;
+            negative counts from the end). Default "all".
+        n_tokens (int): tokens to sample (at least 3, at most what the text provides). Default 2048.
+        batch_size (int): windows per forward pass. Default 8.
+        dtype (torch.dtype | None): the model's dtype; None: float32 for a model read from disk, a
+            model in memory's own (it is never cast: another explicit value is an error). Default None.
+        device (str | torch.device | None): the model's device; None: the CPU for a model read from
+            disk, a model in memory's own (never moved). Default None.
+        seed (int): seeds the sample (numpy default_rng), in [0, 2^63 - 1]. Default 0.
+        seq_len (int): tokens per window, special tokens included. Default 128.
+        tokens_per_window (int): about how many tokens are sampled from each window run. Default 32.
+        text_name (str | None): the name of the texts in the provenance. Default None.
+        progress (bool): show a progress bar. Default True.
+        tokenizer (object): an in-memory model's tokenizer (default: its own, or found from its
+            name_or_path on this machine). Default None.
+        init (str): "trained" (the weights as they are) or "random": the same architecture at
+            initialization (`random_init`, seeded with `seed`). Default "trained".
+        last_layer (str): where the last layer is read: "final_norm" (the framework's last hidden
+            state, after the final norm when there is one) or "resid_post" (the last block's output
+            before it). Default "final_norm".
+        states_device (str | torch.device): where the returned float32 states go. Default "cpu".
+
+    Returns:
+        HiddenStates: layer → N×d float32 states, with the token ids and the provenance.
+
+    Raises:
+        ValueError: texts and token_ids both given, n_tokens < 3 or more than the text provides, a
+            tokenizer that does not fit the model (or none for texts), token ids out of the
+            vocabulary, seq_len beyond the model's positions, a layer out of range, a device or
+            dtype other than a model in memory's own, or float16 weights or activations beyond its
+            range.
+        TypeError: an integer argument that is not an integer (a float, bool or string).
+        FileNotFoundError: the source is not on this machine.
+        ImportError: transformers is not installed (needed for a model read from disk).
+
+    Example:
+        >>> states = rf.hidden_states("minilm", texts=["The cat sat on the mat. " * 20], n_tokens=64,
+        ...                           layers=[0, -1], progress=False)
+        >>> states.layers, tuple(states[6].shape), states.meta["last_layer"]["point"]
+        ([0, 6], (64, 384), 'final_norm')
     """
     if texts is not None and token_ids is not None:
         raise ValueError("pass texts or token_ids, not both")

@@ -24,14 +24,15 @@ papers compare trained weights against.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from .. import _validation as val
 from .casting import check_loaded
+from .sources import gguf_in, resolve_source
 
 FRAMEWORKS = ("transformers", "transformer_lens", "transformer_lens_bridge", "nnsight", "sae_lens")
 LAST_LAYER_POINTS = ("final_norm", "resid_post")
@@ -42,12 +43,28 @@ _KINDS_HELP = ("a path, a Hugging Face repo id or an alias, or an in-memory mode
 
 @dataclass
 class InMemorySource:
-    """A model object given as SOURCE, with what the readers need from it.
+    """A model object given as a source, with what the readers need from it.
 
-    framework: one of FRAMEWORKS; model: the torch module that runs (for nnsight, the
-    `transformers` model it wraps; for an SAE, the SAE); tokenizer: the tokenizer, or None;
-    label: a short name for reports; init: "trained" (the user's weights) or "random" (built by
-    `random_init`, with `seed`)."""
+    Made by `in_memory_source` (a model the user holds) or `random_init` (built from a config).
+
+    Attributes:
+        given (object): the object as the user gave it.
+        framework (str): one of FRAMEWORKS.
+        model (torch.nn.Module): the module that runs (for nnsight, the transformers model it wraps;
+            for an SAE, the SAE).
+        tokenizer (object): the tokenizer, or None.
+        label (str): a short name for reports.
+        init (str): "trained" (the user's weights) or "random" (built by `random_init`).
+        seed (int | None): the seed of a random init.
+        notes (list[str]): how the tokenizer was found (or why not), how the model was built.
+
+    Example:
+        >>> sae = torch.nn.Module()
+        >>> sae.W_dec = torch.nn.Parameter(torch.randn(50, 8))
+        >>> src = rf.models.in_memory_source(sae)
+        >>> src.framework, src.tokenizer, src.dtype, src.config()
+        ('sae_lens', None, torch.float32, {'model_type': 'sae', 'd_sae': 50, 'd_in': 8})
+    """
 
     given: Any
     framework: str
@@ -60,10 +77,12 @@ class InMemorySource:
 
     @property
     def device(self) -> torch.device:
+        """The device of the model's first parameter (or buffer; the CPU when it has none)."""
         return _module_device(self.model)
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the model's first floating-point parameter (float32 when it has none)."""
         for p in self.model.parameters():
             if p.is_floating_point():
                 return p.dtype
@@ -71,6 +90,7 @@ class InMemorySource:
 
     @property
     def path(self) -> str:
+        """Where the model came from, in words (its class; the seed of a random init)."""
         cls = type(self.given)
         return f"in memory: {cls.__module__}.{cls.__qualname__}" + (
             f", initialized with seed {self.seed}" if self.init == "random" else "")
@@ -89,6 +109,7 @@ class InMemorySource:
         return _text_config(self.model.config).to_dict()
 
     def describe(self) -> Dict:
+        """The model as a dict for report.json: framework, classes, init, seed, device, dtype, tokenizer, notes."""
         return {"framework": self.framework, "class": f"{type(self.given).__module__}.{type(self.given).__qualname__}",
                 "runs": f"{type(self.model).__module__}.{type(self.model).__qualname__}", "init": self.init,
                 "seed": self.seed, "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
@@ -108,7 +129,21 @@ def _text_config(config):
 
 
 def is_in_memory(source) -> bool:
-    """Whether SOURCE is an object rather than a path, repo id or alias."""
+    """Whether a source is an object (a model in memory) rather than a path, repo id or alias.
+
+    Args:
+        source (object): the source.
+
+    Returns:
+        bool: True for anything but None, a string or an os.PathLike.
+
+    Raises:
+        None: any object is an answer.
+
+    Example:
+        >>> rf.models.is_in_memory("minilm"), rf.models.is_in_memory(torch.nn.Linear(2, 2))
+        (False, True)
+    """
     return source is not None and not isinstance(source, (str, os.PathLike))
 
 
@@ -153,8 +188,10 @@ def _label(obj, model) -> str:
 
 
 def _find_tokenizer(model) -> Tuple[Any, Optional[str]]:
-    """The tokenizer of a transformers model from its name_or_path (a local directory, or the
-    local Hugging Face cache; never the network), or (None, why not)."""
+    """The tokenizer of a transformers model from its name_or_path, or (None, why not).
+
+    Looked for in a local directory or the local Hugging Face cache; never on the network.
+    """
     name = _name_or_path(model)
     if not name:
         return None, "the model has no name_or_path to find its tokenizer from"
@@ -167,7 +204,33 @@ def _find_tokenizer(model) -> Tuple[Any, Optional[str]]:
 
 
 def in_memory_source(source, tokenizer=None) -> InMemorySource:
-    """An in-memory SOURCE recognised, or a ValueError naming what is accepted."""
+    """Recognises a model in memory by duck typing, and wraps it with its tokenizer.
+
+    Accepted: a transformers PreTrainedModel (its tokenizer found from its name_or_path on this
+    machine when not given), a TransformerLens HookedTransformer or TransformerBridge, an nnsight
+    LanguageModel, an SAE-Lens SAE (its W_dec). None of these packages is imported here.
+
+    Args:
+        source (object): the model, or an InMemorySource (returned as it is, or with `tokenizer`).
+        tokenizer (object): its tokenizer, when it does not carry one. Default None.
+
+    Returns:
+        InMemorySource: the model with its framework, tokenizer and label.
+
+    Raises:
+        ValueError: the object is none of the above (the message lists what is accepted), a config
+            without weights (pass init="random"), or a tokenizer given for an SAE.
+
+    Example:
+        >>> sae = torch.nn.Module()
+        >>> sae.W_dec = torch.nn.Parameter(torch.randn(50, 8))
+        >>> rf.models.in_memory_source(sae).framework
+        'sae_lens'
+        >>> rf.models.in_memory_source(torch.nn.Linear(2, 2))
+        Traceback (most recent call last):
+        ...
+        ValueError: source must be a path, a Hugging Face repo id or an alias, or an in-memory model: ...
+    """
     if isinstance(source, InMemorySource):
         if tokenizer is not None and tokenizer is not source.tokenizer:
             return InMemorySource(source.given, source.framework, source.model, tokenizer, source.label,
@@ -220,9 +283,6 @@ def _config_of(source) -> Tuple[Any, Any, str]:
             return src.model.config, src.tokenizer, src.label
         raise ValueError(f"init='random': a {src.framework} model has no transformers config to build from; "
                          f"pass its transformers model, config.json or model directory")
-    from .hidden_states import _gguf_in  # the GGUF layout is the hidden-state reader's
-    from .sources import resolve_source
-
     resolved = resolve_source(source) if not str(source).endswith("config.json") else None
     if resolved is None:  # a config.json on its own: the tokenizer, if any, sits next to it
         path = os.fspath(source)
@@ -230,7 +290,7 @@ def _config_of(source) -> Tuple[Any, Any, str]:
             raise FileNotFoundError(f"SOURCE {path!r} does not exist")
         directory, gguf = os.path.dirname(os.path.abspath(path)), None
     else:
-        gguf = _gguf_in(resolved)
+        gguf = gguf_in(resolved)
         directory = resolved.path if resolved.kind == "directory" else os.path.dirname(resolved.path)
     kw = {"local_files_only": True}
     if gguf is not None:
@@ -249,17 +309,39 @@ def _config_of(source) -> Tuple[Any, Any, str]:
 
 def random_init(source, seed: int = 0, device=None, dtype: Optional[torch.dtype] = None,
                 tokenizer=None) -> InMemorySource:
-    """The architecture of SOURCE built from its config alone, at initialization.
+    """Builds the architecture of a source from its config alone, at initialization.
 
-    The model is the config's causal-LM class when it has one (so an untied unembedding exists
-    and is initialized), else its base model; it is built by transformers' own `from_config`, with
-    its own initializer (`_init_weights`), under `torch.manual_seed(seed)` in a forked RNG (the
-    caller's global RNG state is unchanged). Built directly on `device` (default CPU) in `dtype`
-    (default float32): values are deterministic for a given (seed, device), and differ between
-    devices because their generators differ. Another `dtype` rounds the float32 initialization."""
+    The model is the config's causal-LM class when it has one (so an untied unembedding exists and
+    is initialized), else its base model, built by transformers' `from_config` with its own
+    initializer under `torch.manual_seed(seed)` in a forked RNG (the caller's RNG state is
+    unchanged). It is built directly on `device`, in float32, then rounded to `dtype`: values are
+    deterministic for a given (seed, device), and differ between devices.
+
+    Args:
+        source (str | os.PathLike | object): a model directory or config.json, a GGUF file, a
+            transformers PretrainedConfig, or an in-memory transformers model (its config).
+        seed (int): the seed, in [0, 2^63 - 1]. Default 0.
+        device (str | torch.device | None): where it is built (None: the CPU). Default None.
+        dtype (torch.dtype | None): the dtype after initialization (None: float32). Default None.
+        tokenizer (object): its tokenizer (default: the one beside the config, if any). Default None.
+
+    Returns:
+        InMemorySource: the model, with init="random" and its seed.
+
+    Raises:
+        ValueError: no config.json at the source, a model in memory without a transformers config,
+            or initial values beyond `dtype`'s range.
+        TypeError: a seed that is not an integer.
+        FileNotFoundError: the source is not on this machine.
+        ImportError: transformers is not installed.
+
+    Example:
+        >>> src = rf.models.random_init("minilm", seed=0)
+        >>> src.init, src.seed, src.framework, src.label
+        ('random', 0, 'transformers', 'model (random init, seed 0)')
+    """
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from .. import _validation as val
 
     seed = val.check_seed(seed)
     dev = torch.device("cpu") if device is None else val.check_device(device)
@@ -285,10 +367,12 @@ def random_init(source, seed: int = 0, device=None, dtype: Optional[torch.dtype]
 # --- embeddings -----------------------------------------------------------------------------------
 
 def embedding_tensors(src: InMemorySource) -> Dict:
-    """The input embedding and the unembedding of an in-memory model (V×d each, detached views of
-    its parameters), with their names and how they relate: {input, output, tied, tied_reason,
-    input_name, output_name, architecture}. output is None when the model has none; tied is None
-    then, unless its config ties them."""
+    """The input embedding and the unembedding of an in-memory model (V×d each, detached views of its parameters).
+
+    With their names and how they relate: {input, output, tied, tied_reason, input_name,
+    output_name, architecture}. output is None when the model has none; tied is None then, unless
+    its config ties them.
+    """
     m = src.model
     if src.framework == "sae_lens":
         w = m.W_dec.detach()
@@ -329,150 +413,3 @@ def embedding_tensors(src: InMemorySource) -> Dict:
             "output_name": out_name, "architecture": arch,
             "tied_reason": (f"{out_name!r} holds the same values as {in_name!r}" if same else
                             f"the model stores {out_name!r} separately, with other values")}
-
-
-# --- running the model ----------------------------------------------------------------------------
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise the same values, NaN included (an overflowed float16 run has NaN states)."""
-    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all())
-
-
-@contextlib.contextmanager
-def eval_mode(*modules: torch.nn.Module):
-    """Run `modules` in eval mode (dropout off, batch norm on its running statistics), then put
-    back every submodule's own `training` flag as it was (a model left partly in training keeps
-    exactly that state), also when the body raises. The flags are set directly, without calling
-    any module's `train()` override."""
-    seen, flags = set(), []
-    for module in modules:
-        for m in module.modules():
-            if id(m) not in seen:
-                seen.add(id(m))
-                flags.append((m, m.training))
-    try:
-        for m, _ in flags:
-            m.training = False
-        yield
-    finally:
-        for m, training in flags:
-            m.training = training
-
-
-class Runner:
-    """Runs a model on batches of token ids and returns the residual stream at every layer:
-    entry 0 the embedding output, entry l the output of block l, and entry L (the last) at the
-    point `last_layer` names:
-    - "final_norm": the framework's last hidden state, after the model's final norm when it has
-      one (transformers' `hidden_states[-1]`: after `norm` in Llama/Qwen/Mistral, `ln_f` in
-      GPT-2; BERT has no final norm, so there it is the last block's output); for TransformerLens,
-      `ln_final` applied to the last `hook_resid_post`;
-    - "resid_post": the last block's output before any final norm (TransformerLens's
-      `blocks.{L-1}.hook_resid_post`; in transformers, the last block's output, read by a hook).
-    `last_layer_is_normed` says, after the first batch, whether the two points differ for this
-    model.
-
-    Every forward pass runs in eval mode (`eval_mode`): a model left in training mode gives its
-    eval-mode states (no dropout), and every submodule's `training` flag is restored afterwards,
-    also when the forward raises."""
-
-    def __init__(self, src: InMemorySource, last_layer: str = "final_norm"):
-        if last_layer not in LAST_LAYER_POINTS:
-            raise ValueError(f"last_layer must be one of {LAST_LAYER_POINTS}, got {last_layer!r}")
-        if src.framework == "sae_lens":
-            raise ValueError("an SAE-Lens SAE runs no text: it has a dictionary (W_dec), not hidden states")
-        self.src, self.last_layer = src, last_layer
-        self.last_layer_is_normed: Optional[bool] = None
-        if src.framework == "transformer_lens":
-            cfg = src.model.cfg
-            self.n_layers, self.max_positions = int(cfg.n_layers), int(cfg.n_ctx)
-            self.vocab_size: Optional[int] = int(cfg.d_vocab)
-            self._final_norm = getattr(src.model, "ln_final", None)
-        else:
-            self.base = getattr(src.model, "base_model", src.model)
-            cfg = _text_config(src.model.config)
-            self.n_layers = int(cfg.num_hidden_layers)
-            self.max_positions = getattr(cfg, "max_position_embeddings", None)
-            self.vocab_size = getattr(cfg, "vocab_size", None)
-            self._candidates = self._block_lists()
-            self._blocks: Optional[torch.nn.ModuleList] = None  # chosen on the first batch
-
-    def _block_lists(self) -> List[torch.nn.ModuleList]:
-        """Every list of n_layers modules in the model (a multimodal model may hold more than one)."""
-        lists = [mod for _, mod in self.base.named_modules()
-                 if isinstance(mod, torch.nn.ModuleList) and len(mod) == self.n_layers]
-        if not lists:
-            raise ValueError(f"{type(self.base).__name__}: no list of {self.n_layers} blocks found to read the "
-                             f"last block's output from")
-        return lists
-
-    @property
-    def device(self) -> torch.device:
-        return self.src.device
-
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> List[torch.Tensor]:
-        given = self.src.given  # a TransformerBridge is a module around the model it runs
-        also = [given] if isinstance(given, torch.nn.Module) and given is not self.src.model else []
-        with eval_mode(self.src.model, *also):
-            return self._run(input_ids, attention_mask)
-
-    def _run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> List[torch.Tensor]:
-        if self.src.framework == "transformer_lens":
-            return self._run_lens(input_ids, attention_mask)
-        if self.last_layer == "final_norm" and self._blocks is not None:  # the model's own outputs: no hook
-            hs = list(self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-                      .hidden_states)
-            if len(hs) != self.n_layers + 1:
-                raise RuntimeError(f"the model returned {len(hs)} hidden states, expected {self.n_layers + 1}")
-            return hs
-        # the first batch (and every batch for resid_post): the last block's output read by a hook
-        lists = [self._blocks] if self._blocks is not None else self._candidates
-        captured: Dict[Tuple[int, str], torch.Tensor] = {}
-
-        def keeper(i, where):
-            def keep(_module, _args, output):
-                captured[(i, where)] = output[0] if isinstance(output, tuple) else output
-            return keep
-
-        hooks = [blocks[-1].register_forward_hook(keeper(i, "last")) for i, blocks in enumerate(lists)]
-        if self._blocks is None:
-            hooks += [blocks[0].register_forward_hook(keeper(i, "first")) for i, blocks in enumerate(lists)]
-        try:
-            out = self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-        finally:
-            for hook in hooks:
-                hook.remove()
-        hs = list(out.hidden_states)
-        if len(hs) != self.n_layers + 1:
-            raise RuntimeError(f"the model returned {len(hs)} hidden states, expected {self.n_layers + 1}")
-        if self._blocks is None:  # the blocks whose first output is hidden state 1 (their last one's, if L = 1)
-            first = "first" if self.n_layers > 1 else "last"
-            match = [i for i in range(len(lists)) if (i, first) in captured
-                     and captured[(i, first)].shape == hs[1].shape
-                     and (self.n_layers == 1 or _same(captured[(i, first)], hs[1]))]
-            if not match:
-                raise RuntimeError(f"{type(self.base).__name__}: none of its lists of {self.n_layers} blocks produced "
-                                   f"hidden state 1; the last block's output cannot be read")
-            self._blocks = lists[match[0]]
-            captured = {(0, "last"): captured[(match[0], "last")]}
-        resid = captured.get((0, "last"))
-        if resid is None or resid.shape != hs[-1].shape:
-            raise RuntimeError(f"{type(self.base).__name__}: the last block's output could not be read by a hook")
-        if self.last_layer_is_normed is None:
-            self.last_layer_is_normed = not _same(resid, hs[-1])
-        if self.last_layer == "resid_post":
-            hs[-1] = resid
-        return hs
-
-    def _run_lens(self, input_ids, attention_mask):
-        model, n = self.src.model, self.n_layers
-        names = {"blocks.0.hook_resid_pre"} | {f"blocks.{i}.hook_resid_post" for i in range(n)}
-        _, cache = model.run_with_cache(input_ids, attention_mask=attention_mask, return_type=None,
-                                        names_filter=lambda name: name in names)
-        hs = [cache["blocks.0.hook_resid_pre"]] + [cache[f"blocks.{i}.hook_resid_post"] for i in range(n)]
-        norm = self._final_norm
-        has_norm = norm is not None and not isinstance(norm, torch.nn.Identity)
-        self.last_layer_is_normed = has_norm
-        if self.last_layer == "final_norm" and has_norm:
-            hs[-1] = norm(hs[-1])
-        return hs

@@ -1,5 +1,7 @@
-"""Checkpoint readers: tensor names and shapes first, data only for the tensor asked for
-(safetensors, sharded safetensors, .pt/.bin state dicts, .npy, GGUF: repcap_fast.models.gguf_reader).
+"""Checkpoint readers.
+
+Tensor names and shapes first, data only for the tensor asked for (safetensors, sharded safetensors,
+.pt/.bin state dicts, .npy, GGUF: repcap_fast.models.gguf_reader).
 
 A file that is not what it claims to be (empty, truncated, corrupt, garbage) raises a ValueError
 whose message starts with the file's path and says what is wrong; a missing file stays a
@@ -43,8 +45,10 @@ _SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors package's own limit
 
 
 def check_safetensors(path: str) -> Dict[str, dict]:
-    """The header of a safetensors file {name: {dtype, shape, data_offsets}}, checked against the
-    file's size: ValueError naming the file when it is truncated, corrupt or not safetensors."""
+    """The header of a safetensors file {name: {dtype, shape, data_offsets}}, checked against the file's size.
+
+    ValueError naming the file when it is truncated, corrupt or not safetensors.
+    """
     size = _file_size(path)
     if size < 8:
         raise _too_short(path, size, "a safetensors file (an 8-byte header length, then a JSON header)")
@@ -146,8 +150,10 @@ class _SafetensorsReader(_Reader):
 
 
 class _ShardedSafetensorsReader(_Reader):
-    """model.safetensors.index.json: the names come from the index; a shard is opened only when a
-    tensor in it is read."""
+    """model.safetensors.index.json.
+
+    The names come from the index; a shard is opened only when a tensor in it is read.
+    """
 
     kind = "sharded-safetensors"
 
@@ -206,8 +212,10 @@ def _keys_listing(d: dict, limit: int = 12) -> str:
 
 
 def read_json(path: str, what: str) -> dict:
-    """A JSON object from `path` (a config.json, tokenizer.json, index): ValueError naming the file
-    when it is not UTF-8, not JSON, or not an object."""
+    """A JSON object from `path` (a config.json, tokenizer.json, index).
+
+    ValueError naming the file when it is not UTF-8, not JSON, or not an object.
+    """
     size = _file_size(path)
     with open(path, "rb") as fh:
         raw = fh.read()
@@ -228,8 +236,10 @@ _ZIP_MAGIC = b"PK\x03\x04"
 
 
 def _check_torch_zip(path: str, size: int) -> None:
-    """A zip checkpoint (torch.save's format since 1.6): its directory parsed, and every record's
-    bytes inside the file."""
+    """A zip checkpoint (torch.save's format since 1.6).
+
+    Its directory parsed, and every record's bytes inside the file.
+    """
     try:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
@@ -258,8 +268,10 @@ _PICKLE_INTS = ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4")
 
 
 class _Capped:
-    """A binary file whose read(n) never asks for more than what is left (pickletools would
-    allocate the n a corrupt length field claims)."""
+    """A binary file whose read(n) never asks for more than what is left.
+
+    pickletools would otherwise allocate the n a corrupt length field claims.
+    """
 
     def __init__(self, fh, size: int):
         self.fh, self.size = fh, size
@@ -276,10 +288,12 @@ class _Capped:
 
 
 def _check_torch_legacy(path: str, size: int) -> None:
-    """A checkpoint in torch.save's legacy format (before 1.6: a few pickles, then the storages):
-    the pickles are walked without running them, and no storage may claim more elements than the
+    """A checkpoint in torch.save's legacy format (before 1.6: a few pickles, then the storages).
+
+    The pickles are walked without running them, and no storage may claim more elements than the
     file has bytes (torch would allocate it before reading). A pickle that does not start with
-    torch.save's magic number is a plain Python pickle, refused as one."""
+    torch.save's magic number is a plain Python pickle, refused as one.
+    """
     last_int = None
     with open(path, "rb") as raw:
         fh = _Capped(raw, size)
@@ -315,8 +329,11 @@ def _check_torch_legacy(path: str, size: int) -> None:
 
 
 class _TorchReader(_Reader):
-    """A .pt/.bin state dict (or a bare tensor), memory-mapped, weights only (a checkpoint that needs
-    any Python object beyond tensors and containers is refused: unpickling it could run code)."""
+    """A .pt/.bin state dict (or a bare tensor), memory-mapped.
+
+    Weights only (a checkpoint that needs any Python object beyond tensors and containers is
+    refused: unpickling it could run code).
+    """
 
     kind = "pt"
 
@@ -377,8 +394,10 @@ _NPY_KINDS = "biuf"  # bool, signed and unsigned ints, floats: the dtypes torch.
 
 
 def _npy_dtype_problem(path: str, dtype: np.dtype) -> Optional[str]:
-    """Why torch cannot hold an array of this dtype (None when it can): not real numbers, or a
-    float wider than float64 (np.longdouble: float128 on most machines)."""
+    """Why torch cannot hold an array of this dtype (None when it can).
+
+    Not real numbers, or a float wider than float64 (np.longdouble: float128 on most machines).
+    """
     if dtype.kind not in _NPY_KINDS or dtype.subdtype is not None or dtype.fields is not None:
         return (f"{path}: the array's dtype {dtype} is not a real numeric dtype (bool, int or float); save it as "
                 f"float64 or float32")
@@ -389,9 +408,11 @@ def _npy_dtype_problem(path: str, dtype: np.dtype) -> Optional[str]:
 
 
 def check_npy(path: str) -> Optional[Tuple[Tuple[int, ...], np.dtype]]:
-    """(shape, dtype) from the header of a .npy file, checked against the file's size: ValueError
-    naming the file when it is truncated, corrupt, not .npy, or holds Python objects (None for a
-    format-3.0 header, left to np.load)."""
+    """(shape, dtype) from the header of a .npy file, checked against the file's size.
+
+    ValueError naming the file when it is truncated, corrupt, not .npy, or holds Python objects
+    (None for a format-3.0 header, left to np.load).
+    """
     from numpy.lib import format as npy_format
 
     size = _file_size(path)
@@ -484,6 +505,18 @@ def _directory_reader(path: str) -> _Reader:
 
 
 def open_reader(resolved: ResolvedSource) -> _Reader:
+    """The reader of a resolved source's tensors (safetensors, sharded safetensors, GGUF, .npy, .pt).
+
+    Args:
+        resolved (ResolvedSource): the source (`resolve_source`); a directory is searched for its
+            weights file.
+
+    Returns:
+        _Reader: a reader with names(), shape(name) and read(name, rows).
+
+    Raises:
+        ValueError: a file whose header does not parse, or a directory without weights.
+    """
     if resolved.kind == "directory":
         return _directory_reader(resolved.path)
     return {"safetensors": _SafetensorsReader, "gguf": _GGUFReader, "npy": _NpyReader, "pt": _TorchReader,

