@@ -97,24 +97,27 @@ def _scalar(v) -> bool:
     return v is None or isinstance(v, (bool, int, float, str))
 
 
-def _flatten(d: dict, prefix: str = "", depth: int = 0) -> dict:
+def _flatten(d: dict, left: set, prefix: str = "", depth: int = 0) -> dict:
+    """The scalar fields of a record, nested records one level deep as `outer.inner` columns.
+    The names of what is not tabulated (lists, deeper records) go into `left`."""
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if _scalar(v):
             out[key] = v
         elif isinstance(v, dict) and depth < 1:
-            out.update(_flatten(v, f"{key}.", depth + 1))
+            out.update(_flatten(v, left, f"{key}.", depth + 1))
+        else:
+            left.add(key)
     return out
 
 
-def _table(rows: list[dict], max_cols: int = 12) -> list[str]:
+def _table(rows: list[dict]) -> list[str]:
     cols: list[str] = []
     for r in rows:
         for k in r:
             if k not in cols:
                 cols.append(k)
-    cols = cols[:max_cols]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |")
@@ -149,15 +152,27 @@ def bench_file_markdown(path: pathlib.Path) -> str:
     out = [f"### {path.stem}\n", f"`{rel}`: {_fmt(title)}. Machine: {_machine(doc)}.\n"]
     if isinstance(doc.get("table"), list) and all(isinstance(t, str) for t in doc["table"]):
         out += ["```text", *doc["table"], "```\n"]
+    tabulated = {"table", "machine", "meta", "op", "what", "command", "date", "device", "torch"}
+    left: set = set()
     for key in ("ratios", "fits", "overall", "results", "cells", "rows", "frames"):
         val = doc.get(key)
         if isinstance(val, dict) and val:
             if all(_scalar(v) for v in val.values()):
                 out += [f"**{key}**\n", *_table([val])]
+                tabulated.add(key)
             elif all(isinstance(v, dict) for v in val.values()):
-                out += [f"**{key}**\n", *_table([{"": k, **_flatten(v)} for k, v in val.items()])]
+                out += [f"**{key}**\n", *_table([{"": k, **_flatten(v, left, f"{k}: ")} for k, v in val.items()])]
+                tabulated.add(key)
         elif isinstance(val, list) and val and all(isinstance(v, dict) for v in val):
-            out += [f"**{key}**\n", *_table([_flatten(v) for v in val])]
+            out += [f"**{key}**\n", *_table([_flatten(v, left) for v in val])]
+            tabulated.add(key)
+    left |= {k for k in doc if k not in tabulated and not _scalar(doc[k])}
+    scalars = {k: v for k, v in doc.items() if k not in tabulated and _scalar(v)}
+    if scalars:
+        out += ["**settings**\n", *_table([scalars])]
+    if left:
+        out.append(f"Not tabulated here (lists or nested records; they are in the JSON file): "
+                   f"{', '.join(f'`{k}`' for k in sorted(left))}.\n")
     return "\n".join(out)
 
 
