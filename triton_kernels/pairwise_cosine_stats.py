@@ -220,7 +220,7 @@ def _pairwise_cosine_stats_kernel(
 # The grouped variant. Tile t = (bi, bj) = (order[2t], order[2t+1]) (the grouped order, built on
 # the host); program p takes tiles p, p + P, ... so the P tiles in flight are consecutive in that
 # order. Per tile, over its kept pairs (j > i when SELF_PAIRS), c_ij = clamp(a_i·b_j·inv_a_i·inv_b_j):
-#   tile_sum[t] = Σc, tile_sq[t] = Σc² (float32 sums over the tile, stored as float64),
+#   tile_sum[t] = Σc, tile_sq[t] = Σc² (float64 sums over the tile),
 #   tile_min[t], tile_max[t], tile_outside[t] = (#c < lo, #c > hi);
 #   hist[p, bin] += #{c in bin} with bin = min(floor((c − lo)·bins_per_unit), bins − 1) for
 #   lo ≤ c ≤ hi: counted in registers over bins [b0, b0 + WINDOW) centred on the tile mean's bin,
@@ -251,9 +251,11 @@ def _pairwise_cosine_stats_grouped_kernel(
         c, keep = _cosine_tile(a_ptr, b_ptr, a_lo_ptr, b_lo_ptr, a_inv_ptr, b_inv_ptr, rows, cols, row0, col0,
                                m, n, d, stride_a, stride_b, SELF_PAIRS, UPCAST, INPUT_PRECISION, SPLIT, TMA,
                                BLOCK_M, BLOCK_N, BLOCK_K)
-        c_kept = tl.where(keep, c, 0.0)
-        tl.store(tile_sum_ptr + t, tl.sum(tl.sum(c_kept, axis=1), axis=0).to(tl.float64), mask=tile_ok)
-        tl.store(tile_sq_ptr + t, tl.sum(tl.sum(c_kept * c_kept, axis=1), axis=0).to(tl.float64), mask=tile_ok)
+        # float64 sums, as the one-pass kernel and the CUDA kernels: with float32 tile sums the
+        # rounding of Σc² (~1e-7 relative) leaks into σ² = Σc²/n − μ² amplified by μ²/σ²
+        c_kept = tl.where(keep, c, 0.0).to(tl.float64)
+        tl.store(tile_sum_ptr + t, tl.sum(tl.sum(c_kept, axis=1), axis=0), mask=tile_ok)
+        tl.store(tile_sq_ptr + t, tl.sum(tl.sum(c_kept * c_kept, axis=1), axis=0), mask=tile_ok)
         tl.store(tile_min_ptr + t, tl.min(tl.min(tl.where(keep, c, float("inf")), axis=1), axis=0), mask=tile_ok)
         tl.store(tile_max_ptr + t, tl.max(tl.max(tl.where(keep, c, float("-inf")), axis=1), axis=0), mask=tile_ok)
         below = tl.sum(tl.sum((keep & (c < lo)).to(tl.int32), axis=1), axis=0)
