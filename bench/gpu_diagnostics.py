@@ -49,6 +49,18 @@ def gemms(x, upper):
         torch.mm(x[r0 : r0 + 8192], x[c0:].T, out=out[:, : v - c0])
 
 
+def fixed_tile_config(default, tile):
+    """A stand-in for triton_kernels.pairwise_cosine_stats._config, called as it is called
+    (dtype, interp, split=False): `tile` for the one-pass kernel, the default for the split pass.
+    (The lambda it replaces took `split` as its tile, and every configuration failed on 12-04 with
+    "cannot unpack non-iterable bool object"; tests/test_bench_scripts.py runs it on the CPU.)"""
+
+    def config(dtype, interp, split=False):
+        return default(dtype, interp, split) if split else tile
+
+    return config
+
+
 def cosine_stats():
     from repcap_fast.triton_kernels import pairwise_cosine_stats as tk
 
@@ -70,7 +82,7 @@ def cosine_stats():
         default = tk._config
         for block, block_k, warps, stages in ((128, 64, 4, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64, 4, 4),
                                               (256, 64, 8, 3)):
-            tk._config = lambda dt, interp, c=(block, block_k, warps, stages): c
+            tk._config = fixed_tile_config(default, (block, block_k, warps, stages))
             try:
                 t = seconds(lambda: rf.pairwise_cosine_stats(x, backend="triton", progress=False), repeats=2)
                 emit(**tag, what=f"triton_cfg_{block}_{block_k}_{warps}_{stages}", seconds=t)
