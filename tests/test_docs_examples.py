@@ -1,8 +1,10 @@
 """Every Python block of README.md and of the documentation pages (docs/**/*.md) runs.
 
-Each block is a complete script: it is written to a file and run in a fresh process, so a block
-can start processes of its own under `if __name__ == "__main__":` (the DDP example). A block that
-cannot run on this machine starts with a marker line that says why:
+Each block is a complete script: it is written to a file and run as a script in a process of its
+own, forked from tests/_docs_runner.py (which has torch and repcap_fast imported already: the same
+result as a fresh `python block.py`, a few seconds sooner), so a block can start processes of its
+own under `if __name__ == "__main__":` (the DDP example). A block that cannot run on this machine
+starts with a marker line that says why:
 
     # docs-example: cuda <why it needs a GPU>     (run only where CUDA is available)
     # docs-example: skip <why it never runs here>
@@ -10,6 +12,7 @@ cannot run on this machine starts with a marker line that says why:
 A marker without a reason fails.
 """
 
+import json
 import os
 import pathlib
 import re
@@ -40,8 +43,45 @@ def test_the_pages_have_examples():
     assert PAGES and BLOCKS
 
 
+@pytest.fixture(scope="module")
+def runner():
+    """One tests/_docs_runner.py per test process; each block runs in a child it forks."""
+    env = {k: v for k, v in os.environ.items() if k != "REPCAP_BACKEND"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_docs_runner.py")], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    yield proc
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+def _run(runner, script, cwd, timeout=900):
+    """Runs `script` as a fresh script would run; returns (returncode, stdout, stderr)."""
+    out, err = cwd.parent / f"{cwd.name}.stdout", cwd.parent / f"{cwd.name}.stderr"  # beside, not in, cwd
+    request = {"script": str(script), "cwd": str(cwd), "stdout": str(out), "stderr": str(err), "timeout": timeout}
+    runner.stdin.write(json.dumps(request) + "\n")
+    runner.stdin.flush()
+    line = runner.stdout.readline()
+    assert line, f"the docs runner died (exit status {runner.poll()})"
+    return json.loads(line)["returncode"], out.read_text(errors="replace"), err.read_text(errors="replace")
+
+
+def test_the_runner_reports_failures_and_runs_blocks_as_scripts(runner, tmp_path):
+    script = tmp_path / "block.py"
+    script.write_text("import sys, os\nassert __name__ == '__main__' and sys.argv[0] == __file__\n"
+                      "print(os.getcwd())\nraise ValueError('boom')\n", encoding="utf-8")
+    code, out, err = _run(runner, script, tmp_path)
+    assert code == 1 and out.strip() == str(tmp_path) and "ValueError: boom" in err
+    script.write_text("import sys\nprint('x', end='')\nsys.exit(3)\n", encoding="utf-8")
+    assert _run(runner, script, tmp_path)[:2] == (3, "x")
+    script.write_text("x = 1\n", encoding="utf-8")  # globals start empty: names of earlier blocks are gone
+    assert _run(runner, script, tmp_path)[0] == 0
+    script.write_text("print(x)\n", encoding="utf-8")
+    code, _, err = _run(runner, script, tmp_path)
+    assert code == 1 and "NameError" in err
+
+
 @pytest.mark.parametrize("code", BLOCKS)
-def test_example_runs(code, tmp_path):
+def test_example_runs(code, tmp_path, runner):
     first = code.splitlines()[0]
     marker = MARKER.match(first)
     if marker:
@@ -51,7 +91,5 @@ def test_example_runs(code, tmp_path):
             pytest.skip(reason)
     script = tmp_path / "example.py"
     script.write_text(code, encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k != "REPCAP_BACKEND"}
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, f"the example failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    returncode, out, err = _run(runner, script, tmp_path)
+    assert returncode == 0, f"the example failed (exit status {returncode}):\n{out[-3000:]}\n{err[-5000:]}"

@@ -81,7 +81,10 @@ def test_the_benchmark_pages_have_a_section_for_every_result_file():
         assert f"## {run.name}\n" in gpu
         for f in run.glob("*.json"):
             assert f"`bench/results/{run.name}/{f.name}`" in gpu
-    assert "| naive" not in cpu.split("### cosine_stats_cpu")[0]  # the CPU page holds no GPU run
+    # kept apart: no GPU run's file on the CPU page, no CPU file on the GPU page
+    assert "bench/results/gpu_" not in cpu and "gpu_NVIDIA" not in cpu
+    for f in (ROOT / "bench" / "results").glob("*.json"):
+        assert f"`bench/results/{f.name}`" not in gpu
 
 
 def test_the_notebook_page_shows_the_cells_and_the_plot():
