@@ -70,6 +70,9 @@ tmo=(); python -c "import pytest_timeout" 2>/dev/null && tmo=(--timeout=150)
 step tests 200 python -m pytest tests -m gpu -q -rfE --tb=short "${par[@]}" "${tmo[@]}" \
   -p no:cacheprovider --junitxml="$out/gpu_tests.xml"
 tests_rc=$?
+# Each raw-op input check in its own process: a crash (12-04: a segfault at the token limit on
+# CUDA tensors) is recorded with its signal and backtrace, and the suite goes on.
+step crash-probe 60 python bench/gpu_crash_probe.py "$out/gpu_crash_probe.json"
 
 bench() { python -m pytest "$@" -q -s -p no:cacheprovider; }
 export -f bench

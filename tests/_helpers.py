@@ -192,7 +192,9 @@ def grad_magnitude(X, p, normalize):
 
 def assert_close_to_reference(X, p, normalize, backend, reduction="sum"):
     """flash-attention rule: the kernel's error against float64 is at most twice the error of the
-    plain float32 reference (plus a float32-rounding floor), for loss and gradient."""
+    plain float32 reference on the same device (plus a float32-rounding floor), for loss and
+    gradient. Same device, as flash-attention's tests do: at large p the error is the rounding of
+    the largest |ĝ| amplified p-fold, and a GPU's GEMM rounds differently from the CPU's."""
     loss, grad = loss_and_grad(X, p, normalize, reduction, backend)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     assert grad.dtype == X.dtype and grad.shape == X.shape and grad.device == X.device
@@ -202,10 +204,10 @@ def assert_close_to_reference(X, p, normalize, backend, reduction="sum"):
         assert float(loss) == pytest.approx(float(ref_loss), rel=1e-11, abs=1e-300)
         torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-11 * float(ref_grad.abs().max()))
         return
-    Xf = X.detach().cpu().to(torch.float32).requires_grad_(True)
+    Xf = X.detach().to(torch.float32).requires_grad_(True)
     low_loss = gram_offdiag_penalty_reference(Xf, p, normalize, reduction)
     low_loss.backward()
-    low_grad = Xf.grad.double()
+    low_loss, low_grad = low_loss.cpu(), Xf.grad.cpu().double()
     scale_g = grad_magnitude(X, p, normalize)
     loss_err = abs(float(loss) - float(ref_loss))
     low_loss_err = abs(float(low_loss.detach()) - float(ref_loss)) if math.isfinite(float(low_loss.detach())) \

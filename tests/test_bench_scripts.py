@@ -48,3 +48,57 @@ def test_the_diagnostics_tile_override_is_called_as_the_kernel_calls_it(dtype, m
     for args, kwargs in calls:
         split = kwargs.get("split", args[2] if len(args) > 2 else False)
         assert fixed(*args, **kwargs) == (default(args[0], args[1], True) if split else tile)
+
+
+def test_the_crash_probe_records_raised_and_crashed_probes(monkeypatch, tmp_path):
+    """bench/gpu_crash_probe.py on CPU tensors: every check raises (the answer the CUDA op must
+    give too); and a probe that kills its process is recorded as crashed, with its signal, while
+    the next probe still runs."""
+    probe = _load("gpu_crash_probe")
+    out = tmp_path / "probe.json"
+    rc = probe.main([str(out), "--device", "cpu", "--only", "ranks_of_one_row", "ranks_of_float16",
+                     "rhos_over_the_token_limit"])
+    import json
+
+    report = json.loads(out.read_text())
+    assert rc == 0, report
+    for name, r in report["probes"].items():
+        assert r["outcome"] == "raised" and r["rc"] == 0, (name, r)
+    assert "N >= 2" in report["probes"]["ranks_of_one_row"]["stdout"]
+    assert "at most 65536 tokens" in report["probes"]["rhos_over_the_token_limit"]["stdout"]
+    monkeypatch.setitem(probe.PROBES, "segfault", "    import ctypes; ctypes.string_at(0)")
+    monkeypatch.setattr(probe.shutil, "which", lambda name: None)  # no gdb rerun: keep it quick
+    r = probe.run_probe("segfault", "cpu", 60)
+    assert (r["outcome"], r["signal"]) == ("crashed", "SIGSEGV"), r
+    assert "Fatal Python error" in r["stderr_tail"]
+
+
+def test_the_tf32_gpu_band_holds_the_tensor_core_models():
+    """The one-sided band of the GPU "tf32" test against bench/tf32_accumulation.py's models on a
+    sample of that test's pairs: rounded-to-nearest float32 sums sit within TF32_SUM_TOL; the
+    truncating-alignment models (0 and 1 extra bits, K = 8) that bracket the H200's measured bias
+    lose less than TF32_GPU_LOSS; operands truncated instead of rounded fall far outside."""
+    import numpy as np
+    from test_pairwise_cosine_stats import TF32_GPU_LOSS, TF32_SUM_TOL
+
+    model = _load("tf32_accumulation")
+    precision = _load("precision_split_dots")
+    x = model.near_duplicates(model.ROWS, model.D, model.SEED, model.NOISE)
+    i = np.arange(0, 400)
+    j = (i * 7 + 13) % model.ROWS
+    j = np.where(j == i, j + 1, j)
+    inv = 1.0 / x.double().norm(dim=1).numpy()
+
+    def bias(rows, how, k=8, g=0):
+        prods = rows[i] * rows[j]
+        exact = (prods.sum(axis=1) * inv[i] * inv[j]).sum()
+        return (float((model.dot_products(prods, how, k, g) * inv[i] * inv[j]).sum()) - exact) / exact
+
+    r = precision.to_tf32(x).double().numpy()
+    assert abs(bias(r, "rn")) < TF32_SUM_TOL
+    for g in (0, 1):
+        assert -TF32_GPU_LOSS < bias(r, "align", 8, g) < -5e-6, g
+    truncated = precision.truncated_tf32(x).double().numpy()
+    exact_rounded = ((r[i] * r[j]).sum(axis=1) * inv[i] * inv[j]).sum()
+    got = ((truncated[i] * truncated[j]).sum(axis=1) * inv[i] * inv[j]).sum()
+    assert (got - exact_rounded) / exact_rounded < -10 * TF32_GPU_LOSS

@@ -48,6 +48,30 @@ def test_large_p_without_a_compiled_case_matches_reference(device, backend, p, d
     assert_close_to_reference(X.to(device), p, True, backend)
 
 
+@pytest.mark.parametrize("p", [64, 255])
+def test_flushing_subnormals_to_zero_changes_nothing_at_large_p(p):
+    """GPUs may flush float32 subnormals to zero. The kernels form |ĝ|^p only as ratios r^p ≤ 1 to
+    each row's maximum, so a flushed r^p < 1.2e-38 is below the row's own term 1 by 38 orders and
+    L = Σ m_i^p s_i is formed in float64: the CPU kernel with flush-to-zero on (one thread, so
+    the flag covers the kernel) gives the same loss and gradient. (The H200's 12-04 miss at
+    p = 255, 4.2e-38 on a loss of 1.29e-33, is 3.2e-5 relative: the float32 Gram's rounding of the
+    largest |ĝ| amplified p-fold, not a flushed subnormal.)"""
+    X = random_x(130, 33, torch.float32)
+    plain = loss_and_grad(X, p, True, "sum", "cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if not torch.set_flush_denormal(True):
+            pytest.skip("this CPU cannot flush subnormals")
+        assert float(torch.tensor([2e-38]) * torch.tensor([0.5])) == 0.0  # the flag is on
+        flushed = loss_and_grad(X, p, True, "sum", "cpu")
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
+    assert float(flushed[0]) == pytest.approx(float(plain[0]), rel=1e-12)
+    assert float((flushed[1] - plain[1]).abs().max()) <= 1e-9 * float(plain[1].abs().max())
+
+
 @pytest.mark.parametrize("device,backend", device_backends())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("p", [1 << 20, 1 << 27, 1 << 30])

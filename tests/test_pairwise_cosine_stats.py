@@ -592,23 +592,36 @@ def tf32_cosines64(x, y=None, truncate=False):
     return c.reshape(-1)
 
 
-# float32 sums of the exact products of TF32 operands, rounded to nearest (d ≤ 4096); on a GPU,
-# tensor cores that truncate as they accumulate over d = 1024 in one accumulator add up to 3.2e-6
-# on near-duplicates (the truncating_sum model of bench/precision_split_dots.py, 8 products a step).
+# float32 sums of the exact products of TF32 operands, rounded to nearest (d ≤ 4096): the
+# interpreter and the CPU emulation, within TF32_SUM_TOL either way.
 TF32_SUM_TOL = 1e-6
-TF32_GPU_SUM_TOL = 1e-5
+# On a GPU the tensor cores add each mma step's products after aligning them to the step's
+# largest exponent and dropping the bits below (round toward zero), so every sum can only lose:
+# bench/tf32_accumulation.py emulates that on the GPU test's input (d = 1024, cosines ≈ 0.99) at
+# a bias of −1.0e-5 to −1.8e-5 (0 to 1 extra alignment bits), and the H200 measured −1.22e-5
+# (cuda panels, Triton) and −1.62e-5 (cuda tiles) on 2026-12-04. One-sided: up to
+# TF32_GPU_LOSS below the rounded-to-nearest model, at most TF32_SUM_TOL above it. (Operands
+# truncated instead of rounded would be −7e-4.)
+TF32_GPU_LOSS = 3e-5
 
 
-def assert_tf32_statistics(s, c, tol=TF32_SUM_TOL, bins=4096, lo=-1.0, hi=1.0):
+def assert_tf32_statistics(s, c, tol=TF32_SUM_TOL, loss=None, bins=4096, lo=-1.0, hi=1.0):
     """min, max, Σc and Σc² of the pass against the float64 cosines c of TF32-rounded rows, and a
-    pair in another bin only within tol of an edge. (Not σ: near-duplicates' σ comes from
-    Σc²/n − μ² with μ ≈ 1, where the grouped variant's float32 tile sums leave about 1e-5.)"""
-    assert abs(s.min - float(c.min())) <= tol and abs(s.max - float(c.max())) <= tol
-    assert s.sum == pytest.approx(float(c.sum()), rel=tol)
-    assert s.sum_sq == pytest.approx(float((c * c).sum()), rel=tol)
+    pair in another bin only within tol of an edge; with loss (tensor cores), each may also fall
+    below the model by up to loss (relative; Σc² by twice that), never more than tol above it.
+    (Not σ: near-duplicates' σ comes from Σc²/n − μ² with μ ≈ 1, 4e4-fold cancellation.)"""
+    below = tol if loss is None else loss
+
+    def within(got, want, scale, squares=1):
+        return -below * squares * scale <= got - want <= tol * scale
+
+    assert within(s.min, float(c.min()), 1.0) and within(s.max, float(c.max()), 1.0), (s.min, s.max)
+    assert within(s.sum, float(c.sum()), abs(float(c.sum()))), (s.sum, float(c.sum()))
+    sum_sq = float((c * c).sum())
+    assert within(s.sum_sq, sum_sq, sum_sq, squares=1 if loss is None else 2), (s.sum_sq, sum_sq)
     ref_hist, ref_below, ref_above = histogram_bins(c, bins, lo, hi)
     moved = int((s.hist - ref_hist).abs().sum()) + abs(s.below - ref_below) + abs(s.above - ref_above)
-    assert moved <= 2 * near_edge(c, bins, lo, hi, tol), moved
+    assert moved <= 2 * near_edge(c, bins, lo, hi, max(tol, below)), moved
 
 
 @pytest.mark.parametrize("variant", ["strided", "grouped", "grouped_tma"])
@@ -643,7 +656,7 @@ def test_tf32_on_a_gpu_uses_rows_rounded_to_nearest(monkeypatch, backend):
     """Every GPU path at "tf32" forms the cosines of rows rounded to TF32 to nearest (the cuda tiles
     kernel with cvt.rna, the cuda panels and Triton from rounded copies), at d = 1024 on
     near-duplicates, where truncated operands would move every cosine by about -7e-4: within
-    TF32_GPU_SUM_TOL, which leaves room for tensor cores that truncate as they accumulate."""
+    the one-sided band of tensor cores that truncate as they accumulate (TF32_GPU_LOSS)."""
     from repcap_fast.ops import pairwise_cosine_stats as stats_op
 
     name, _, variant = backend.partition("-")
@@ -656,7 +669,7 @@ def test_tf32_on_a_gpu_uses_rows_rounded_to_nearest(monkeypatch, backend):
         monkeypatch.setenv(tk.KERNEL_ENV, variant or "strided")
     x = near_duplicates(2048, 1024, seed=9)
     s = rf.pairwise_cosine_stats(x.cuda(), backend=name, precision="tf32")
-    assert_tf32_statistics(s, tf32_cosines64(x), tol=TF32_GPU_SUM_TOL)
+    assert_tf32_statistics(s, tf32_cosines64(x), loss=TF32_GPU_LOSS)
 
 
 @pytest.mark.gpu
