@@ -71,16 +71,22 @@ def pytest_configure(config):
 
 
 # Tests that share an expensive session fixture run in one xdist worker (--dist loadgroup), so the
-# fixture is computed once per run, not once per worker.
+# fixture is computed once per run, not once per worker; so do the tests of a module whose
+# module-scoped fixture is expensive (the Triton AOT compiles, the docs runner's preloaded
+# imports, the torchrun results).
 _EXPENSIVE_FIXTURES = ("minilm_reference", "smollm2_states", "smollm2_embeddings", "minilm_states")
+_WHOLE_MODULES = ("test_triton_compile", "test_docs_examples", "test_distributed")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         shared = [f for f in _EXPENSIVE_FIXTURES if f in getattr(item, "fixturenames", ())]
+        module = getattr(getattr(item, "module", None), "__name__", "").rpartition(".")[2]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
+        elif module in _WHOLE_MODULES:
+            item.add_marker(pytest.mark.xdist_group(module))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device")
