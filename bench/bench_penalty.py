@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import repcap_fast as rf
+from repcap_fast._backends import cublas_precision
 from repcap_fast.reference import gram_offdiag_penalty_reference
 
 from _harness import (
@@ -57,6 +58,11 @@ def step(variant, X):
     X.grad = None
     if variant == "torch_autograd":
         loss = gram_offdiag_penalty_reference(X, P)
+    elif variant == "torch_autograd:tf32":  # the honest baseline of "tf32": autograd with TF32 GEMMs
+        with cublas_precision("tf32", X.device):
+            loss = gram_offdiag_penalty_reference(X, P)
+            loss.backward()
+        return loss
     elif variant == "floor":
         return floor_gemms(X)
     else:
@@ -142,7 +148,7 @@ KERNEL_VARIANTS = [f"{backend}{suffix}" for backend in ("cuda", "triton") for su
 
 
 @gpu
-@pytest.mark.parametrize("variant", KERNEL_VARIANTS + ["torch_autograd", "floor"])
+@pytest.mark.parametrize("variant", KERNEL_VARIANTS + ["torch_autograd", "torch_autograd:tf32", "floor"])
 def test_gpu(benchmark, variant):
     built = rf.info()["built"]
     backend = variant.partition(":")[0]
@@ -186,6 +192,9 @@ def _ratios(section):
         for variant in KERNEL_VARIANTS:
             if variant != fast:
                 out[f"torch_autograd_over_{variant}"] = ratio(seconds.get("torch_autograd"), seconds.get(variant))
+            if variant.endswith(":tf32"):  # against autograd with TF32 on too (12-04: 1.5x, against 5.8x)
+                out[f"torch_autograd_tf32_over_{variant}"] = ratio(seconds.get("torch_autograd:tf32"),
+                                                                   seconds.get(variant))
     return {key: value for key, value in out.items() if value is not None}
 
 

@@ -70,13 +70,20 @@ def cosine_stats():
         tag = dict(op="pairwise_cosine_stats", v=v, d=d, dtype=str(dtype).replace("torch.", ""))
         emit(**tag, what="gemm_full", seconds=seconds(lambda: gemms(x, False)))
         emit(**tag, what="gemm_upper_row_panels", seconds=seconds(lambda: gemms(x, True)))
-        for backend in ("cuda", "triton"):
-            for bins in (4096, 1):
-                try:
-                    t = seconds(lambda: rf.pairwise_cosine_stats(x, bins=bins, backend=backend, progress=False))
-                    emit(**tag, what=f"{backend}_bins{bins}", seconds=t)
-                except Exception as exc:  # noqa: BLE001 - a diagnostic reports and goes on
-                    emit(**tag, what=f"{backend}_bins{bins}", error=str(exc)[:300])
+        # Every variant at 4096 bins and at 1 (every pair's count on one address): 12-04 found
+        # triton (then `strided`, one global atomic per pair) 3.6x slower at 1 bin.
+        for backend, env, variants in (("cuda", "REPCAP_CUDA_STATS_KERNEL", ("tiles", "panels")),
+                                       ("triton", tk.KERNEL_ENV, ("strided", "grouped", "grouped_tma"))):
+            for variant in variants:
+                os.environ[env] = variant
+                for bins in (4096, 1):
+                    what = f"{backend}_{variant}_bins{bins}"
+                    try:
+                        t = seconds(lambda: rf.pairwise_cosine_stats(x, bins=bins, backend=backend, progress=False))
+                        emit(**tag, what=what, seconds=t)
+                    except Exception as exc:  # noqa: BLE001 - a diagnostic reports and goes on
+                        emit(**tag, what=what, error=str(exc)[:300])
+                os.environ.pop(env)
         if dtype == torch.float32:
             continue
         default = tk._config

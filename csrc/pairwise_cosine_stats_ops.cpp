@@ -212,8 +212,38 @@ bool use_cuda_panels() {
 // one kernel launch (csrc/cuda/pairwise_cosine_stats_panels_cuda.cu) into per-block partials
 // merged here in block order. Cost: the GEMMs (half the full V×d×V, plus the diagonal panels'
 // lower halves) and about 8 B of memory traffic per pair (the panel written, then read); at kTF32
-// also one rounded copy of the rows.
+// also one rounded copy of the rows. Two scratch panels: the reduction of panel t runs on a side
+// stream while the caller's stream forms panel t + 1 (the GEMMs are compute-bound, the reduction
+// memory- and atomic-bound); panel t + 2 waits for the reduction of panel t, whose buffer it
+// reuses. The reductions stay in panel order on one stream, so the partials are the same bits.
+// REPCAP_CUDA_PANELS_OVERLAP=0 runs both on the caller's stream with one buffer (the A/B of
+// bench/panels_breakdown.py).
 constexpr int64_t kPanel = 8192;
+
+// A CUDA event without timing, on the current device (the caller's guard), destroyed with it.
+struct StreamEvent {
+  cudaEvent_t event = nullptr;
+  StreamEvent() {
+    TORCH_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess,
+                "pairwise_cosine_stats (cuda, panels): cannot create a CUDA event");
+  }
+  StreamEvent(const StreamEvent&) = delete;
+  StreamEvent& operator=(const StreamEvent&) = delete;
+  ~StreamEvent() { cudaEventDestroy(event); }
+  // record on `from`; `to` waits for it (what `from` has enqueued so far)
+  void order(cudaStream_t from, cudaStream_t to) {
+    TORCH_CHECK(cudaEventRecord(event, from) == cudaSuccess && cudaStreamWaitEvent(to, event, 0) == cudaSuccess,
+                "pairwise_cosine_stats (cuda, panels): cannot order the streams");
+  }
+};
+
+bool panels_overlap() {
+  const char* env = std::getenv("REPCAP_CUDA_PANELS_OVERLAP");
+  const std::string value = env == nullptr ? "" : env;
+  TORCH_CHECK(value.empty() || value == "0" || value == "1",
+              "REPCAP_CUDA_PANELS_OVERLAP must be 0 or 1, got '", value, "'");
+  return value != "0";
+}
 
 // A copy of the float32 rows x rounded to TF32 to nearest (csrc/operand_rounding.h), on x's stream.
 at::Tensor tf32_rounded(const at::Tensor& x) {
@@ -232,7 +262,13 @@ StatsTuple pairwise_cosine_stats_cuda_panels(const at::Tensor& a_rows_in, const 
   const at::Tensor bc = self_pairs ? ac : round_tf32 ? tf32_rounded(b_rows_in) : b_rows_in;
   const int64_t m = ac.size(0), n = bc.size(0);
   const int64_t panel_rows = std::min(m, kPanel), panel_cols = std::min(n, kPanel);
-  at::Tensor scratch = at::empty({panel_rows * panel_cols}, ac.options().dtype(at::kFloat));
+  const bool overlap = panels_overlap() && (m > panel_rows || n > panel_cols);  // more than one panel
+  const at::Tensor scratch_first = at::empty({panel_rows * panel_cols}, ac.options().dtype(at::kFloat));
+  const at::Tensor scratch[2] = {scratch_first, overlap ? at::empty_like(scratch_first) : scratch_first};
+  const c10::cuda::CUDAStream main_stream = c10::cuda::getCurrentCUDAStream(ac.get_device());
+  const c10::cuda::CUDAStream side_stream =
+      overlap ? c10::cuda::getStreamFromPool(false, ac.get_device()) : main_stream;
+  StreamEvent gemm_done[2], reduce_done[2];  // per buffer: its GEMM formed it; its reduction read it
   int sm_count = 0;
   TORCH_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, ac.get_device()) == cudaSuccess,
               "pairwise_cosine_stats (cuda): cannot read the SM count");
@@ -249,8 +285,9 @@ StatsTuple pairwise_cosine_stats_cuda_panels(const at::Tensor& a_rows_in, const 
   args.block_max = partials.max.data_ptr<float>();
   args.block_outside = partials.outside.data_ptr<int64_t>();
   args.hist_out = hist.data_ptr<int64_t>();
-  args.stream = c10::cuda::getCurrentCUDAStream(ac.get_device()).stream();
+  args.stream = side_stream.stream();
   bool first = true;
+  int64_t t = 0;  // panel index: its buffer is t % 2
   for (int64_t row0 = 0; row0 < m; row0 += panel_rows) {
     const int64_t rows = std::min(panel_rows, m - row0);
     const at::Tensor a_rows = ac.narrow(0, row0, rows);
@@ -258,7 +295,12 @@ StatsTuple pairwise_cosine_stats_cuda_panels(const at::Tensor& a_rows_in, const 
     // the last column keeps no pair, but the triangle's panels always start at col0 = row0).
     for (int64_t col0 = self_pairs ? row0 : 0; col0 < n; col0 += panel_cols) {
       const int64_t cols = std::min(panel_cols, n - col0);
-      at::Tensor dots = scratch.narrow(0, 0, rows * cols).view({rows, cols});
+      const int buffer = overlap ? static_cast<int>(t % 2) : 0;
+      if (overlap && t >= 2) {  // panel t − 2 is reduced: its buffer is free (recorded below)
+        TORCH_CHECK(cudaStreamWaitEvent(main_stream.stream(), reduce_done[buffer].event, 0) == cudaSuccess,
+                    "pairwise_cosine_stats (cuda, panels): cannot order the streams");
+      }
+      at::Tensor dots = scratch[buffer].narrow(0, 0, rows * cols).view({rows, cols});
       const at::Tensor b_cols = bc.narrow(0, col0, cols);
       if (ac.scalar_type() == at::kFloat) {
         at::mm_out(dots, a_rows, b_cols.t());
@@ -274,10 +316,20 @@ StatsTuple pairwise_cosine_stats_cuda_panels(const at::Tensor& a_rows_in, const 
       args.a_inv_norm = a_inv.data_ptr<float>() + row0;
       args.b_inv_norm = b_inv.data_ptr<float>() + col0;
       args.first = first;
+      if (overlap) gemm_done[buffer].order(main_stream.stream(), side_stream.stream());  // the GEMM first
       const char* err = repcap::cuda::pairwise_cosine_stats_panel_cuda(args);
       TORCH_CHECK(err == nullptr, "pairwise_cosine_stats (cuda, panels): ", err ? err : "");
+      if (overlap) {
+        TORCH_CHECK(cudaEventRecord(reduce_done[buffer].event, side_stream.stream()) == cudaSuccess,
+                    "pairwise_cosine_stats (cuda, panels): cannot record an event");
+      }
       first = false;
+      ++t;
     }
+  }
+  if (overlap) {  // the caller's stream (and what it frees) waits for the last reduction
+    StreamEvent reductions_done;
+    reductions_done.order(side_stream.stream(), main_stream.stream());
   }
   return partials.finish(pair_count(m, n, self_pairs), hist, bins, "pairwise_cosine_stats (cuda, panels)");
 }

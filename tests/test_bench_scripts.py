@@ -56,8 +56,7 @@ def test_the_crash_probe_records_raised_and_crashed_probes(monkeypatch, tmp_path
     the next probe still runs."""
     probe = _load("gpu_crash_probe")
     out = tmp_path / "probe.json"
-    rc = probe.main([str(out), "--device", "cpu", "--only", "ranks_of_one_row", "ranks_of_float16",
-                     "rhos_over_the_token_limit"])
+    rc = probe.main([str(out), "--device", "cpu", "--only", "ranks_of_one_row", "rhos_over_the_token_limit"])
     import json
 
     report = json.loads(out.read_text())
@@ -102,3 +101,20 @@ def test_the_tf32_gpu_band_holds_the_tensor_core_models():
     exact_rounded = ((r[i] * r[j]).sum(axis=1) * inv[i] * inv[j]).sum()
     got = ((truncated[i] * truncated[j]).sum(axis=1) * inv[i] * inv[j]).sum()
     assert (got - exact_rounded) / exact_rounded < -10 * TF32_GPU_LOSS
+
+
+def test_the_panels_prediction_counts_the_launchers_panels(tmp_path):
+    """bench/panels_breakdown.py's prediction (the part that runs without a GPU): the panels are
+    the launcher's (upper triangle of 8192-row panels, the diagonal ones whole), so the GEMMs are a
+    little over half the full GEMM, and the pairs formed cover every kept pair."""
+    breakdown = _load("panels_breakdown")
+    v = 151_936
+    shapes = breakdown.panel_shapes(v)
+    blocks = -(-v // breakdown.PANEL)
+    assert len(shapes) == blocks * (blocks + 1) // 2
+    p = breakdown.predict(v, 4096, 700e12, 4e12)
+    assert p["pairs_formed"] >= p["pairs_kept"] == v * (v - 1) // 2
+    assert 0.5 < p["gemm_fraction_of_full"] < 0.5 + 1.0 / blocks
+    assert p["predicted_s"] == pytest.approx(p["gemm_s"] + p["traffic_s"])
+    breakdown.main([str(tmp_path / "p.json"), "--predict-only", "--d", "896"])
+    assert (tmp_path / "p.json").exists()
