@@ -85,6 +85,7 @@ step bench-penalty 120 bench bench/bench_penalty.py -k "test_gpu and not huge"
 step bench-training-step 150 python bench/bench_training_step.py --device cuda --timeout 120
 step bench-cosine 240 bench bench/bench_cosine_stats.py -k "gpu or report"
 step panels-breakdown 90 python bench/panels_breakdown.py "$out/panels_breakdown.json"
+step pga-breakdown 90 python bench/pga_profile_breakdown.py "$out/pga_profile_breakdown.json"
 step diagnostics 120 python bench/gpu_diagnostics.py "$out/gpu_diagnostics.json"
 step nccl-smoke 90 python bench/bench_distributed.py --gpu-smoke
 step bench-penalty-huge 240 bench bench/bench_penalty.py -k "huge or packing_cell"

@@ -384,15 +384,26 @@ def _ccr_directions(m: int, N: int, d: int) -> int:
     return max(m, min(max(CCR_BLOCK, _SHARED_CCR.get()[0]), min(N, d) - 1))
 
 
+_GRAM_RANK_CUT = 1e-8  # N < d: the N×N Gram route when λ_m > this·λ_1, else an SVD of x
+
+
 def _top_right_singular_vectors(x: torch.Tensor, m: int) -> torch.Tensor:
     """The top-m right singular vectors of x (d×m, float64).
 
     They are the eigenvectors of xᵀx (d×d) when d ≤ N (`eigen.top_eigenpairs`: certified subspace
-    iteration or eigh; they stay orthonormal even past the rank of x); otherwise from an SVD of x.
+    iteration or eigh; they stay orthonormal even past the rank of x). When N < d they are
+    v_i = xᵀu_i/σ_i from the top eigenpairs (u_i, σ_i²) of the N×N Gram x xᵀ, the same solver on
+    the smaller matrix (a float64 SVD of a 2048×4096 x took most of a GPU PGA profile); where
+    λ_m ≤ 1e-8·λ_1 (direction m at or past the numerical rank of x) from an SVD of x, whose
+    directions past the rank lie in the null space of x.
     """
     n, d = x.shape
     if d <= n:
         return eigen.top_eigenpairs(x.T @ x, m).vectors
+    if m < n:
+        top = eigen.top_eigenpairs(x @ x.T, m)
+        if bool(top.values[-1] > _GRAM_RANK_CUT * top.values[0]):
+            return (x.T @ top.vectors) / top.values.sqrt()
     with eigen.small_lapack(x.device, n):
         _, _, vh = torch.linalg.svd(x, full_matrices=False)
     return vh[:m].T

@@ -118,3 +118,19 @@ def test_the_panels_prediction_counts_the_launchers_panels(tmp_path):
     assert p["predicted_s"] == pytest.approx(p["gemm_s"] + p["traffic_s"])
     breakdown.main([str(tmp_path / "p.json"), "--predict-only", "--d", "896"])
     assert (tmp_path / "p.json").exists()
+
+
+def test_the_pga_profile_breakdown_ranks_the_profiles_operators(tmp_path):
+    """bench/pga_profile_breakdown.py at a small size on the CPU: the profile runs under
+    torch.profiler, and the operators it ranks include the projections and the sorts."""
+    import json
+
+    breakdown = _load("pga_profile_breakdown")
+    out = tmp_path / "b.json"
+    breakdown.main([str(out), "--device", "cpu", "--layers", "2", "--n", "64", "--d", "96", "--k", "8",
+                    "--nulls", "4"])
+    doc = json.loads(out.read_text())
+    assert doc["wall_s_under_profiler"] > 0 and doc["layers"] == 2
+    names = " ".join(r["name"] for r in doc["by_host_time"])
+    assert "repcap_fast::" in names or "aten::" in names, names
+    assert all(r["calls"] >= 1 and r["self_cpu_s"] >= 0 for r in doc["by_host_time"])

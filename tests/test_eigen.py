@@ -160,6 +160,31 @@ def test_ccr_by_iteration_matches_eigh():
         assert _sin_largest_angle(ref, got.removed.T) <= 1e-10
 
 
+def test_ccr_with_fewer_tokens_than_dimensions_takes_the_token_gram(monkeypatch):
+    """N < d: the directions come from the N×N Gram x xᵀ (v_i = xᵀu_i/σ_i), not an SVD of x (a
+    float64 2048×4096 SVD was most of a GPU PGA profile); they match numpy's SVD to 1e-10 and
+    are orthonormal. Past the numerical rank (λ_m ≤ 1e-8·λ_1) the SVD gives them."""
+    svds = []
+    real_svd = torch.linalg.svd
+    monkeypatch.setattr(torch.linalg, "svd", lambda *a, **k: svds.append(1) or real_svd(*a, **k))
+    r = rng(14)
+    h = torch.from_numpy(r.standard_normal((300, 700)) * np.geomspace(30.0, 0.3, 700))
+    x = (h - h.mean(0)).numpy()
+    _, _, vt = np.linalg.svd(x, full_matrices=False)
+    for m in (1, 5, 10):
+        got = geometry.center_and_ccr(h, m)
+        assert _sin_largest_angle(torch.from_numpy(vt[:m].T), got.removed.T) <= 1e-10
+        gram = got.removed @ got.removed.T
+        assert float((gram - torch.eye(m, dtype=torch.float64)).abs().max()) < 1e-12
+        assert float((got.H @ got.removed.T).abs().max()) < 1e-9 * float(np.abs(x).max())
+    assert svds == []
+    low_rank = torch.from_numpy(r.standard_normal((40, 3)) @ r.standard_normal((3, 90)))  # centered rank ≤ 3
+    res = geometry.center_and_ccr(low_rank, 5)
+    assert svds == [1]  # directions 4 and 5 lie past the rank: the SVD's null-space completion
+    assert float(res.H.abs().max()) < 1e-10 * float(low_rank.abs().max())
+    assert float((res.removed @ res.removed.T - torch.eye(5, dtype=torch.float64)).abs().max()) < 1e-12
+
+
 def test_shared_ccr_decomposes_each_layer_once_and_changes_no_bit(monkeypatch):
     r = rng(12)
     layers = [torch.from_numpy(r.standard_normal((300, 160)) * np.geomspace(9.0, 0.5, 160)) for _ in range(2)]
