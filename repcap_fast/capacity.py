@@ -29,11 +29,13 @@ __all__ = [
     "JL_C_PROVEN",
     "adjusted_capacity",
     "capacity_table",
+    "coherence_bound",
     "coherence_floor",
     "describe_class",
     "full_capacity",
     "full_epsilon",
     "jl_capacity",
+    "levenstein_bound",
     "log_adjusted_capacity",
     "log_full_capacity",
     "log_jl_capacity",
@@ -425,6 +427,78 @@ def orthoplex_bound(k, d):
     """
     k, d = _k_d(k, d, 0.0)
     return _out(np.where(k > d * (d + 1) / 2.0, 1.0 / np.sqrt(d), 0.0))
+
+
+def levenstein_bound(k, d):
+    """The Levenstein lower bound on max_{i≠j} |c_ij| of k lines in R^d (0 unless k > d(d+1)/2).
+
+    Where k > d(d+1)/2 it is √((3k − d² − 2d)/((d + 2)(k − d))).
+
+    No packing of k lines in R^d beats it (the real case; Levenstein 1982, as stated by Haas,
+    Hammen and Mixon 2017). Where it applies it can exceed the orthoplex bound 1/√d (it tends to
+    √(3/(d + 2)) as k grows); 4 lines in the plane meet it, at cos(π/4).
+
+    Args:
+        k (float or array_like): the number of vectors, > 0: a number or an array of them.
+        d (float or array_like): the dimension d ≥ 1: a number or an array, broadcast against k.
+
+    Returns:
+        float or numpy.ndarray: the bound, a float for scalar inputs, else a float64 array.
+
+    Raises:
+        ValueError: k ≤ 0, d < 1, or a value that is NaN or ±inf.
+        TypeError: an argument that is not real numbers (a bool, a string, None, complex);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> round(rf.capacity.levenstein_bound(4, 2), 4), round(rf.capacity.levenstein_bound(100, 3), 4)
+        (0.7071, 0.7666)
+    """
+    k, d = _k_d(k, d, 0.0)
+    applies = k > d * (d + 1) / 2.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        square = (3.0 * k - d * d - 2.0 * d) / ((d + 2.0) * (k - d))
+    return _out(np.where(applies, np.sqrt(np.maximum(np.where(applies, square, 0.0), 0.0)), 0.0))
+
+
+def coherence_bound(k, d, max_order=4) -> tuple:
+    """The best lower bound on max_{i≠j} |c_ij| of k unit vectors in R^d, with its name: a packing's certificate.
+
+    The largest of the Welch bounds of orders 1 … max_order ("welch" for order 1, "welch-t" for
+    order t), the orthoplex bound and the Levenstein bound (``coherence_floor`` without Levenstein,
+    as the capacity tables report it). A
+    packing's ε* minus it is how far the packing can be from optimal at most; 0 where the bound
+    is met (an equiangular tight frame meets Welch).
+
+    Args:
+        k (int): the number of vectors, ≥ 2.
+        d (int): the dimension, ≥ 1.
+        max_order (int): the highest Welch order, an integer ≥ 1 (default 4).
+
+    Returns:
+        tuple: (bound, name), a float and one of "welch", "welch-2" … "welch-<max_order>",
+        "orthoplex", "levenstein" (the first of equal ones in that order; "welch" when every
+        bound is 0, k ≤ d).
+
+    Raises:
+        ValueError: k < 2, d < 1, or a value that is NaN or ±inf, or max_order < 1.
+        TypeError: an argument that is not a real number (a bool, a string, None, complex);
+            ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
+
+    Example:
+        >>> rf.capacity.coherence_bound(16, 6)
+        (0.3333333333333333, 'welch')
+        >>> bound, name = rf.capacity.coherence_bound(100, 3); round(bound, 4), name
+        (0.7666, 'levenstein')
+    """
+    max_order = val.check_int(max_order, "max_order", 1)
+    for value, what in ((k, "k"), (d, "d")):
+        if np.ndim(_reals(value, what)) != 0:
+            raise ValueError(f"coherence_bound takes one k and one d, got {what} with shape {np.shape(value)}")
+    named = [(float(welch_bound(k, d, t)), "welch" if t == 1 else f"welch-{t}") for t in range(1, max_order + 1)]
+    named += [(float(orthoplex_bound(k, d)), "orthoplex"), (float(levenstein_bound(k, d)), "levenstein")]
+    best = max(value for value, _ in named)
+    return best, next(name for value, name in named if value == best)
 
 
 def coherence_floor(k, d, max_order=4):

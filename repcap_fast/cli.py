@@ -191,6 +191,7 @@ def _cmd_pack(args) -> int:
           f"({res.seconds:.1f} s, {res.backend}, precision {res.precision})")
     print(f"eps*        {res.eps_star:.6f}   (random start {res.eps_star_init:.6f})")
     print(f"welch bound {res.welch:.6f}   eps*/welch {ratio}")
+    print(f"certificate {res.bound:.6f} ({res.bound_name})   eps* - bound {res.eps_minus_bound:.6f}")
     print(f"mu+2sigma   {res.mu_plus_2sigma:.6f}")
     print(f"loss        {res.loss_init:.6g} -> {res.loss_final:.6g}")
     if args.json:
@@ -230,7 +231,9 @@ def _cmd_sweep(args) -> int:
                           p_start=args.p_start, polish_steps=args.polish_steps, precision=args.precision)
     print(f"{len(cells)} cells in {args.out}")
     for c in cells:
-        print(f"k={c['k']:>7} d={c['d']:>5}  eps*={c['eps_star']:.5f}  welch={c['welch']:.5f}")
+        gap = "n/a" if c["eps_minus_bound"] is None else f"{c['eps_minus_bound']:.5f}"
+        print(f"k={c['k']:>7} d={c['d']:>5}  eps*={c['eps_star']:.5f}  welch={c['welch']:.5f}  "
+              f"bound={c['bound']:.5f} ({c['bound_name']})  gap={gap}")
     return 0
 
 

@@ -330,6 +330,7 @@ def _packing_result(run: _Run, eps_init, X, history, start, polish_history=()) -
         precision=run.precision,
         eps_star=float(eps_star), eps_star_init=float(eps_init), mean=float(mean), std=float(std),
         mu_plus_2sigma=float(mean + 2.0 * std), welch=float(capacity.welch_bound(run.k, run.d)),
+        **dict(zip(("bound", "bound_name"), capacity.coherence_bound(run.k, run.d))),
         loss_init=float(history[0]), loss_final=float(history[-1]), loss_history=history,
         seconds=time.perf_counter() - start, method=run.settings.method, p_start=run.settings.p_start,
         polish_steps=run.settings.polish_steps, polish_history=list(polish_history),

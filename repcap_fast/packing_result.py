@@ -87,6 +87,10 @@ class PackingResult:
         std (float): their standard deviation.
         mu_plus_2sigma (float): mean + 2·std.
         welch (float): the Welch lower bound √((k − d)/(d(k − 1))) on ε* (0 for k ≤ d).
+        bound (float): the certificate: the best lower bound on ε* that applies
+            (``capacity.coherence_bound``: Welch of orders 1–4, orthoplex, Levenstein); ε* − bound
+            (``eps_minus_bound``) is how far from optimal the packing can be at most.
+        bound_name (str): which bound that is ("welch", "welch-2", …, "orthoplex", "levenstein").
         loss_init (float): the objective of the first step, from the exact kernel ("highest").
         loss_final (float): the objective of the last step, from the exact kernel.
         loss_history (List[float]): the objective each step evaluated (before its update):
@@ -123,6 +127,8 @@ class PackingResult:
     std: float
     mu_plus_2sigma: float
     welch: float
+    bound: float
+    bound_name: str
     loss_init: float
     loss_final: float
     loss_history: List[float] = field(repr=False, default_factory=list)
@@ -138,19 +144,27 @@ class PackingResult:
         """ε* / Welch bound (≥ 1 for any packing; inf when the bound is 0, i.e. k ≤ d)."""
         return self.eps_star / self.welch if self.welch > 0 else math.inf
 
+    @property
+    def eps_minus_bound(self) -> float:
+        """ε* − bound: the certified gap to the optimum (≥ 0 up to rounding; 0 at a packing that meets it)."""
+        return self.eps_star - self.bound
+
     def to_dict(self, history: bool = True, timing: bool = True) -> dict:
-        """The result as a JSON-ready dict, with ``eps_over_welch`` (None when inf) and ``eps_minus_welch``.
+        """The result as a JSON-ready dict, with ``eps_over_welch`` (None when inf) and the two gaps.
+
+        The gaps are ``eps_minus_welch`` and ``eps_minus_bound`` (ε* minus the certificate).
 
         Args:
             history: keep ``loss_history`` and ``polish_history``. Defaults to True.
             timing: keep ``seconds``. Defaults to True.
 
         Returns:
-            dict: every field, and the two derived values.
+            dict: every field, and the three derived values.
         """
         out = asdict(self)
         out["eps_over_welch"] = self.eps_over_welch if math.isfinite(self.eps_over_welch) else None
         out["eps_minus_welch"] = self.eps_star - self.welch
+        out["eps_minus_bound"] = self.eps_minus_bound
         if not history:
             out.pop("loss_history")
             out.pop("polish_history")

@@ -25,45 +25,63 @@ from ._backends import PENALTY_PRECISIONS
 from ._validation import ArgumentTypeError, check_int
 from .packing_methods import METHODS
 
-SWEEP_FORMAT = "repcap_fast.packing.sweep/3"
+SWEEP_FORMAT = "repcap_fast.packing.sweep/4"
 CELL_FIELDS = ("k", "d", "method", "steps", "p_start", "p", "polish_steps", "lr", "seed", "dtype", "precision",
                "eps_star", "eps_star_init", "mean", "std", "mu_plus_2sigma", "welch", "eps_over_welch",
-               "eps_minus_welch", "loss_init", "loss_final")
+               "eps_minus_welch", "bound", "bound_name", "eps_minus_bound", "loss_init", "loss_final")
 # A cell is reused on resume only when these match the sweep's settings.
 SETTING_KEYS = ("method", "steps", "p_start", "p", "polish_steps", "seed", "dtype", "precision", "lr")
+_CERTIFICATE_FIELDS = ("bound", "bound_name", "eps_minus_bound")
+# Version 3 had no certificate (capacity.coherence_bound of its k and d): it is computed on reading.
+SWEEP_FORMAT_V3 = "repcap_fast.packing.sweep/3"
+_V3_FIELDS = tuple(f for f in CELL_FIELDS if f not in _CERTIFICATE_FIELDS)
 # Version 2 had no precision: its steps all ran at "highest", and its cells are read as such.
 SWEEP_FORMAT_V2 = "repcap_fast.packing.sweep/2"
-_V2_FIELDS = tuple(f for f in CELL_FIELDS if f != "precision")
+_V2_FIELDS = tuple(f for f in _V3_FIELDS if f != "precision")
 # Version 1 (before the packing methods) had no method, p_start or polish_steps either: its cells
 # were all made by the paper's method, and are read as such.
 SWEEP_FORMAT_V1 = "repcap_fast.packing.sweep/1"
 _V1_FIELDS = ("k", "d", "steps", "p", "lr", "seed", "dtype", "eps_star", "eps_star_init",
               "mean", "std", "mu_plus_2sigma", "welch", "eps_over_welch", "eps_minus_welch",
               "loss_init", "loss_final")
-_OLD_FORMATS = (SWEEP_FORMAT_V2, SWEEP_FORMAT_V1)
+_OLD_FORMATS = (SWEEP_FORMAT_V3, SWEEP_FORMAT_V2, SWEEP_FORMAT_V1)
+
+
+def _certificate(k, d, eps_star) -> dict:
+    """The certificate fields of a cell (k, d) of ε* eps_star (None or NaN: the gap is None)."""
+    from .capacity import coherence_bound  # capacity imports nothing of the packing
+
+    bound, name = coherence_bound(k, d)
+    finite = isinstance(eps_star, (int, float)) and not isinstance(eps_star, bool) and math.isfinite(eps_star)
+    return {"bound": bound, "bound_name": name, "eps_minus_bound": eps_star - bound if finite else None}
 
 
 def _upgrade(cell):
-    """A version-1 or version-2 record as a version-3 one.
+    """A version-1, -2 or -3 record as a version-4 one.
 
-    Version 1's cells get method "paper", p_start = p and no polish; both versions' cells get
-    precision "highest". (A record that is not a dict, or already has the fields, is returned as
-    it is, for _check_cell to judge.)
+    Version 1's cells get method "paper", p_start = p and no polish; versions 1 and 2 get
+    precision "highest"; all get the certificate of their k and d. (A record that is not a dict,
+    already has the fields, or whose k or d is not a valid int is returned as it is, or without
+    the certificate, for _check_cell to judge.)
     """
-    if not isinstance(cell, dict) or ("method" in cell and "precision" in cell):
+    if not isinstance(cell, dict) or all(key in cell for key in ("method", "precision", *_CERTIFICATE_FIELDS)):
         return cell
     out = dict(cell)
     if "method" not in cell:
         out.update(method="paper", p_start=cell.get("p"), polish_steps=0)
     out.setdefault("precision", "highest")
+    k, d = cell.get("k"), cell.get("d")
+    if not any(key in cell for key in _CERTIFICATE_FIELDS) and all(
+            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= _MAX_INT for v in (k, d)) and k >= 2:
+        out.update(_certificate(k, d, cell.get("eps_star")))
     return out
 
 
 _INT_FIELDS = {"k": 1, "d": 1, "steps": 1, "p_start": 1, "p": 1, "polish_steps": 0, "seed": 0}  # least values
-_STR_FIELDS = ("method", "dtype", "precision")
+_STR_FIELDS = ("method", "dtype", "precision", "bound_name")
 _FLOAT_FIELDS = tuple(f for f in CELL_FIELDS if f not in _INT_FIELDS and f not in _STR_FIELDS)  # or None
 # Maxima of |cosines|, in [0, 1] (up to the float32 rounding of a cosine: a few ulps above 1), or NaN/null.
-_UNIT_FIELDS = ("eps_star", "eps_star_init", "welch")
+_UNIT_FIELDS = ("eps_star", "eps_star_init", "welch", "bound")
 _UNIT_SLACK = 1e-5
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, as some editors save: read past, never written
 
@@ -71,7 +89,7 @@ _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, as some editors save: read pa
 _MAX_INT = 2**63 - 1  # seeds reach it; k, d, steps and p far below (floats hold them for the fit)
 
 
-_CSV_HEADERS = (CELL_FIELDS, _V2_FIELDS, _V1_FIELDS)  # a CSV sweep file's header row names its version
+_CSV_HEADERS = (CELL_FIELDS, _V3_FIELDS, _V2_FIELDS, _V1_FIELDS)  # a CSV sweep file's header row names its version
 
 
 def _not_sweep(path: str, why: str) -> ValueError:
@@ -102,6 +120,9 @@ def _check_cell(path: str, label: str, cell) -> dict:
     if cell["precision"] not in PENALTY_PRECISIONS:
         raise ValueError(f"{where}: precision is {cell['precision'][:40]!r}, not one of "
                          f"{', '.join(PENALTY_PRECISIONS)}")
+    name = cell["bound_name"]
+    if name not in ("welch", "orthoplex", "levenstein") and not (name.startswith("welch-") and name[6:].isdigit()):
+        raise ValueError(f"{where}: bound_name is {name[:40]!r}, not welch, welch-<order>, orthoplex or levenstein")
     for key in _FLOAT_FIELDS:
         value = cell[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):

@@ -62,6 +62,32 @@ def test_orthoplex_and_floor():
     assert floor >= cap.welch_bound(10**5, 64) and floor >= cap.orthoplex_bound(10**5, 64)
 
 
+def test_levenstein_bound_and_the_certificate():
+    # Lines in the plane: the optimum of k lines is cos(π/k); Levenstein meets it at k = 4 and
+    # stays below it after (a lower bound), and does not apply at k ≤ d(d+1)/2 = 3.
+    assert cap.levenstein_bound(4, 2) == pytest.approx(math.cos(math.pi / 4), abs=1e-15)
+    for k in range(5, 40):
+        assert cap.orthoplex_bound(k, 2) < cap.levenstein_bound(k, 2) < math.cos(math.pi / k)
+    assert cap.levenstein_bound(3, 2) == 0.0 and cap.levenstein_bound(6, 3) == 0.0
+    # the formula, and its limit √(3/(d+2)) for many lines
+    assert cap.levenstein_bound(100, 3) == pytest.approx(math.sqrt((300 - 9 - 6) / (5 * 97)))
+    assert cap.levenstein_bound(10**12, 5) == pytest.approx(math.sqrt(3 / 7), rel=1e-9)
+    np.testing.assert_allclose(cap.levenstein_bound(np.array([3, 4]), 2), [0.0, math.sqrt(0.5)])
+    # the certificate: the largest bound, named
+    assert cap.coherence_bound(16, 6) == (pytest.approx(1 / 3), "welch")
+    assert cap.coherence_bound(7, 3) == (pytest.approx(1 / math.sqrt(3)), "orthoplex")
+    assert cap.coherence_bound(100, 3)[1] == "levenstein"
+    assert cap.coherence_bound(5, 5) == (0.0, "welch")  # k ≤ d: orthonormal vectors meet 0
+    assert cap.coherence_bound(10**6, 10)[1] == "levenstein"  # above Welch of order 2 there
+    assert cap.coherence_bound(10**6, 10)[0] > cap.welch_bound(10**6, 10, order=2)
+    for k, d in ((16, 6), (7, 3), (100, 3), (10**6, 10), (50, 4)):  # the floor without Levenstein
+        assert cap.coherence_bound(k, d)[0] == max(cap.coherence_floor(k, d), cap.levenstein_bound(k, d))
+    with pytest.raises(ValueError, match="one k and one d"):
+        cap.coherence_bound([10, 20], 3)
+    with pytest.raises(ValueError, match="k must be"):
+        cap.coherence_bound(1, 3)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="d must be"):
         cap.jl_capacity(0, 0.1)

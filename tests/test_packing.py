@@ -179,7 +179,7 @@ def test_sweep_records_the_precision_and_a_resume_never_mixes_them(tmp_path):
     out = tmp_path / "s.json"
     cells = packing.sweep([20, 30], [4], out, steps=10, precision="bf16", progress=False)
     assert [c["precision"] for c in cells] == ["bf16", "bf16"]
-    assert json.loads(out.read_text())["format"] == "repcap_fast.packing.sweep/3"
+    assert json.loads(out.read_text())["format"] == "repcap_fast.packing.sweep/4"
     assert packing.sweep([20, 30], [4], out, steps=10, precision="bf16", progress=False) == cells  # resumed
     with pytest.raises(ValueError, match=r"other settings .*'precision': 'bf16'.*'precision': 'highest'"):
         packing.sweep([20, 30, 45], [4], out, steps=10, progress=False)
@@ -188,11 +188,11 @@ def test_sweep_records_the_precision_and_a_resume_never_mixes_them(tmp_path):
                       progress=False)
     assert not (tmp_path / "t.json").exists()
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"format": "repcap_fast.packing.sweep/3", "cells": [dict(cells[0], precision="fp8")]}))
+    bad.write_text(json.dumps({"format": "repcap_fast.packing.sweep/4", "cells": [dict(cells[0], precision="fp8")]}))
     with pytest.raises(ValueError, match="precision is 'fp8', not one of highest, tf32, bf16"):
         packing.load_cells(bad)
     missing = {key: value for key, value in cells[0].items() if key != "precision"}
-    bad.write_text(json.dumps({"format": "repcap_fast.packing.sweep/3", "cells": [missing]}))
+    bad.write_text(json.dumps({"format": "repcap_fast.packing.sweep/4", "cells": [missing]}))
     with pytest.raises(ValueError, match="has no precision"):
         packing.load_cells(bad)
 
@@ -315,3 +315,30 @@ def test_capacity_fit_is_a_deprecated_alias_of_fitting_fit():
     with pytest.warns(DeprecationWarning, match="repcap_fast.fitting.fit"):
         old = capacity.fit(cells, "jl")
     assert old.params == fitting.fit(cells, "jl").params
+
+
+def test_every_result_and_sweep_cell_carries_its_certificate(tmp_path):
+    """A packing's certificate: the best lower bound that applies (capacity.coherence_bound) and
+    ε* − bound, in the result, its dict, every sweep cell (JSON and CSV) and `repcap pack`."""
+    res = packing.optimize(6, 3, steps=30, method="minimax", polish_steps=20, progress=False)
+    assert (res.bound, res.bound_name) == capacity.coherence_bound(6, 3) == (pytest.approx(res.welch), "welch")
+    assert res.eps_minus_bound == res.eps_star - res.bound >= -1e-12
+    assert res.to_dict()["eps_minus_bound"] == res.eps_minus_bound
+    above = packing.optimize(12, 3, steps=20, progress=False)  # k > d(d+1)/2: Levenstein
+    assert above.bound_name == "levenstein" and above.bound > above.welch and above.eps_minus_bound > 0
+    for suffix in (".json", ".csv"):
+        out = tmp_path / f"s{suffix}"
+        cells = packing.sweep([6, 12], [3], out, steps=20, progress=False)
+        assert [c["bound_name"] for c in cells] == ["welch", "levenstein"]
+        assert all(c["eps_minus_bound"] == c["eps_star"] - c["bound"] for c in cells)
+        assert packing.load_cells(out) == cells
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": packing.SWEEP_FORMAT, "cells": [dict(cells[0], bound_name="guess")]}))
+    with pytest.raises(ValueError, match="bound_name is 'guess'"):
+        packing.load_cells(bad)
+
+
+def test_cli_pack_prints_the_certificate(capsys):
+    assert cli(["pack", "--k", "12", "--d", "3", "--steps", "10", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "certificate" in printed and "(levenstein)" in printed and "eps* - bound" in printed
