@@ -183,13 +183,16 @@ def _cmd_pack(args) -> int:
     res = packing.optimize(args.k, args.d, steps=args.steps, p=args.p, lr=args.lr, seed=args.seed,
                            device=args.device, dtype=args.dtype, backend=args.backend, precision=args.precision,
                            progress=args.progress, method=args.method, p_start=args.p_start,
-                           polish_steps=args.polish_steps)
+                           polish_steps=args.polish_steps, restarts=args.restarts)
     ratio = "inf" if not np.isfinite(res.eps_over_welch) else f"{res.eps_over_welch:.4f}"
     p_text = f"p={res.p}" if res.method == "paper" else f"p={res.p_start}->{res.p}"
     polish = f" polish_steps={res.polish_steps}" if res.polish_steps else ""
     print(f"k={res.k} d={res.d} method={res.method} steps={res.steps} {p_text}{polish} lr={res.lr} "
           f"({res.seconds:.1f} s, {res.backend}, precision {res.precision})")
     print(f"eps*        {res.eps_star:.6f}   (random start {res.eps_star_init:.6f})")
+    if res.restarts > 1:
+        print(f"restarts    {res.restarts}: best seed {res.best_seed}; eps* of each start "
+              + " ".join(f"{e:.6f}" for e in res.restart_eps_stars))
     print(f"welch bound {res.welch:.6f}   eps*/welch {ratio}")
     print(f"certificate {res.bound:.6f} ({res.bound_name})   eps* - bound {res.eps_minus_bound:.6f}")
     print(f"mu+2sigma   {res.mu_plus_2sigma:.6f}")
@@ -228,7 +231,8 @@ def _cmd_sweep(args) -> int:
     cells = packing.sweep(args.ks, args.ds, args.out, steps=args.steps, p=args.p, lr=args.lr,
                           seed=args.seed, device=args.device, dtype=args.dtype, backend=args.backend,
                           resume=not args.restart, progress=args.progress, method=args.method,
-                          p_start=args.p_start, polish_steps=args.polish_steps, precision=args.precision)
+                          p_start=args.p_start, polish_steps=args.polish_steps, precision=args.precision,
+                          restarts=args.restarts)
     print(f"{len(cells)} cells in {args.out}")
     for c in cells:
         gap = "n/a" if c["eps_minus_bound"] is None else f"{c['eps_minus_bound']:.5f}"
@@ -362,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--lr", type=float, default=None, help="Adam lr (default 0.005 if d <= 1024 else 0.0025; the "
                        "continuation methods start at twice that and decay to 1%% of their start)")
         p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--restarts", type=int, default=1, help="seeded starts (seeds seed, seed+1, ...) per cell, "
+                       "keeping the one of least eps* (default 1)")
         p.add_argument("--device", default="cpu", help="e.g. cpu, cuda, cuda:1")
         p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
         p.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")

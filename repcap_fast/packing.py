@@ -14,6 +14,7 @@ Vectors are the rows of a k×d matrix here; the paper's code stores them as the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ def optimize(
     method: str = "paper",
     p_start: Optional[int] = None,
     polish_steps: Optional[int] = None,
+    restarts: int = 1,
 ) -> PackingResult:
     """Packs k unit vectors in R^d: minimizes their coherence ε* = max_{i≠j}|ĝ_ij| from a random start.
 
@@ -134,10 +136,14 @@ def optimize(
         p_start: the first p of a continuation method (default 4, at most p); not for "paper".
         polish_steps: active-set polish steps (linear programs, float64 on the CPU) after the
             optimizer, ≥ 0 (default 40 for "minimax", else 0; any method may be polished).
+        restarts: seeded starts, ≥ 1 (default 1): the whole run from the seeds seed, seed + 1, …,
+            seed + restarts − 1, one after the other (each already uses every core, or the GPU),
+            keeping the one of least ε*; the result records every start's ε* and the best seed.
 
     Returns:
         PackingResult: ε* after the last step and the polish, ε* of the random start, the mean,
-        std and μ + 2σ of the final ĝ_ij, the Welch bound for (k, d), the objective of every step
+        std and μ + 2σ of the final ĝ_ij, the Welch bound and the certificate (the best lower
+        bound) for (k, d), every start's ε* with restarts, the objective of every step
         (``loss_history[s]``, evaluated by step s before its update), and the settings and the
         backend that ran.
 
@@ -145,7 +151,8 @@ def optimize(
         ValueError: an argument out of range, or of the wrong type (an ``ArgumentTypeError``,
             also a TypeError): k < 2, d < 1, steps < 1, an unknown device, backend, dtype,
             method or precision, dtype float16, p beyond the backend's limit, p_start given for
-            "paper" or above p, lr ≤ 0, a precision other than "highest" for "smooth-max", a
+            "paper" or above p, lr ≤ 0, restarts < 1 (or seed + restarts − 1 past 2^63 − 1), a
+            precision other than "highest" for "smooth-max", a
             method other than "paper" (or a polish) across ranks, or a k×d run that does not fit
             in the memory of the host or the device.
         PackingDiverged: the vectors became NaN/Inf or collapsed to zero (an lr too large for the
@@ -158,6 +165,12 @@ def optimize(
         >>> round(res.eps_star, 4), round(res.welch, 4)  # the 6 axes of the icosahedron meet the bound
         (0.4472, 0.4472)
     """
+    restarts = val.check_int(restarts, "restarts", 1)
+    if restarts > 1:
+        return _best_of_starts(restarts, dict(k=k, d=d, steps=steps, p=p, lr=lr, seed=seed, device=device,
+                                              dtype=dtype, backend=backend, precision=precision, progress=progress,
+                                              group=group, method=method, p_start=p_start,
+                                              polish_steps=polish_steps))
     group = distributed.resolve_group(group)
     run = distributed.prepare_on_every_rank("optimize", group, _check_run, k, d, steps, p, lr, seed, device, dtype,
                                             backend, precision, method, p_start, polish_steps)
@@ -187,6 +200,22 @@ def optimize(
     if run.settings.polish_steps:
         X = _polish(run, X, progress, polish_history)
     return _packing_result(run, eps_init, X, losses.cpu().tolist(), start, polish_history)
+
+
+def _best_of_starts(restarts: int, args: dict) -> PackingResult:
+    """`restarts` runs of optimize from the seeds seed, seed + 1, …: the one of least ε*, with every start's ε*.
+
+    The starts run one after the other: each already uses the machine's cores (the kernels are
+    multithreaded on the CPU and fill a GPU), so running them side by side would not finish sooner.
+    """
+    seed = val.check_seed(args["seed"])
+    val.check_seed(seed + restarts - 1, name=f"seed + restarts - 1 (the last start's seed, restarts={restarts})")
+    start = time.perf_counter()
+    results = [optimize(**dict(args, seed=seed + r)) for r in range(restarts)]
+    best = min(results, key=lambda res: (res.eps_star, res.best_seed))  # the first of equal ε*
+    return dataclasses.replace(best, seed=seed, restarts=restarts,
+                               restart_eps_stars=[res.eps_star for res in results],
+                               seconds=time.perf_counter() - start)
 
 
 def _optimize_with_method(run: _Run, progress) -> PackingResult:
@@ -334,6 +363,7 @@ def _packing_result(run: _Run, eps_init, X, history, start, polish_history=()) -
         loss_init=float(history[0]), loss_final=float(history[-1]), loss_history=history,
         seconds=time.perf_counter() - start, method=run.settings.method, p_start=run.settings.p_start,
         polish_steps=run.settings.polish_steps, polish_history=list(polish_history),
+        best_seed=run.seed, restart_eps_stars=[float(eps_star)],
     )
 
 
@@ -410,6 +440,7 @@ def sweep(
     p_start: Optional[int] = None,
     polish_steps: Optional[int] = None,
     precision: str = "highest",
+    restarts: int = 1,
 ) -> List[dict]:
     """Runs ``optimize`` on every cell (k, d) of a grid and writes each finished cell to `out` at once.
 
@@ -450,6 +481,8 @@ def sweep(
         polish_steps: active-set polish steps, as in ``optimize``.
         precision: the operands of the penalty steps, as in ``optimize`` (ε*, μ + 2σ and the
             recorded losses are the exact kernel's at any precision). Defaults to "highest".
+        restarts: seeded starts per cell, as in ``optimize`` (each cell records ``restarts`` and
+            its ``best_seed``). Defaults to 1.
 
     Returns:
         List[dict]: the records of the grid's cells, in grid order (d outer, k inner).
@@ -487,8 +520,10 @@ def sweep(
     dtype = val.check_dtype(dtype)
     check = methods.check_method(method, p, p_start, polish_steps, 1, lambda value: check_penalty_p(value, name))
     precision = check_precision(precision, PENALTY_PRECISIONS)
+    restarts = val.check_int(restarts, "restarts", 1)
+    val.check_seed(seed + restarts - 1, name=f"seed + restarts - 1 (the last start's seed, restarts={restarts})")
     want = {"method": method, "steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""),
-            "precision": precision, "p": p,
+            "precision": precision, "restarts": restarts, "p": p,
             "p_start": p_start if p_start is None else check.p_start,
             "polish_steps": polish_steps if polish_steps is None else check.polish_steps, "lr": lr}
     if dtype == torch.float16 or (method == "smooth-max" and precision != "highest"):
@@ -498,7 +533,8 @@ def sweep(
     group = distributed.resolve_group(group)
     rank, world = (0, 1) if group is None else distributed.rank_and_world(group)
     run = {"steps": steps, "p": p, "lr": lr, "seed": seed, "device": device, "dtype": dtype, "backend": backend,
-           "precision": precision, "method": method, "p_start": p_start, "polish_steps": polish_steps}
+           "precision": precision, "method": method, "p_start": p_start, "polish_steps": polish_steps,
+           "restarts": restarts}
     with contextlib.ExitStack() as held:
         # One sweep at a time writes `out` (two would each rewrite it from their own cells): its writer,
         # the process or rank 0, holds its lock throughout; a second sweep is refused at once, on every rank.

@@ -77,7 +77,7 @@ class PackingResult:
         steps (int): optimizer steps run.
         p (int): the fixed p of "paper"; the last p (or sharpness) of the continuation methods.
         lr (float): the (first) learning rate.
-        seed (int): the seed of the random start.
+        seed (int): the seed of the random start (of the first start, with restarts).
         dtype (str): the vectors' dtype, e.g. "float32".
         device (str): where the run ran.
         backend (str): the penalty kernel's backend that ran ("cpu", "cuda", "triton", "torch").
@@ -103,6 +103,10 @@ class PackingResult:
         p_start (int): the first p of a continuation method (p for "paper").
         polish_steps (int): active-set polish steps run after the optimizer.
         polish_history (List[float]): ε* after each polish step.
+        restarts (int): the seeded starts run (``optimize(restarts=R)``: seeds seed … seed + R − 1);
+            the result is the one of least ε*.
+        best_seed (int): the seed of that start (``optimize(..., seed=best_seed)`` runs it alone).
+        restart_eps_stars (List[float]): ε* of every start, in seed order.
 
     Example:
         >>> res = rf.packing.optimize(8, 3, steps=50, progress=False)
@@ -138,6 +142,9 @@ class PackingResult:
     p_start: int = 0
     polish_steps: int = 0
     polish_history: List[float] = field(repr=False, default_factory=list)
+    restarts: int = 1
+    best_seed: int = 0
+    restart_eps_stars: List[float] = field(default_factory=list)
 
     @property
     def eps_over_welch(self) -> float:

@@ -50,6 +50,7 @@ def _cell_settings(k: int, d: int, want: dict) -> dict:
     settings = methods.check_method(want["method"], want["p"], want["p_start"], want["polish_steps"],
                                     default_p(k, d), int)
     return {"steps": want["steps"], "seed": want["seed"], "dtype": want["dtype"], "precision": want["precision"],
+            "restarts": want["restarts"],
             "lr": want["lr"] if want["lr"] is not None else methods.default_lr(want["method"], default_lr(d)),
             **settings.to_dict()}
 
@@ -57,7 +58,7 @@ def _cell_settings(k: int, d: int, want: dict) -> dict:
 def _matches(cell: dict, want: dict) -> bool:
     """Whether a finished cell was made with the sweep's settings.
 
-    The settings compared: the method and its settings, steps, seed, dtype, precision and lr
+    The settings compared: the method and its settings, steps, seed, restarts, dtype, precision and lr
     (those not given resolved to their defaults for the cell's (k, d)).
     """
     expected = _cell_settings(cell["k"], cell["d"], want)

@@ -26,15 +26,18 @@ from ._validation import ArgumentTypeError, check_int
 from .packing_methods import METHODS
 
 SWEEP_FORMAT = "repcap_fast.packing.sweep/4"
-CELL_FIELDS = ("k", "d", "method", "steps", "p_start", "p", "polish_steps", "lr", "seed", "dtype", "precision",
-               "eps_star", "eps_star_init", "mean", "std", "mu_plus_2sigma", "welch", "eps_over_welch",
-               "eps_minus_welch", "bound", "bound_name", "eps_minus_bound", "loss_init", "loss_final")
+CELL_FIELDS = ("k", "d", "method", "steps", "p_start", "p", "polish_steps", "lr", "seed", "restarts", "best_seed",
+               "dtype", "precision", "eps_star", "eps_star_init", "mean", "std", "mu_plus_2sigma", "welch",
+               "eps_over_welch", "eps_minus_welch", "bound", "bound_name", "eps_minus_bound", "loss_init",
+               "loss_final")
 # A cell is reused on resume only when these match the sweep's settings.
-SETTING_KEYS = ("method", "steps", "p_start", "p", "polish_steps", "seed", "dtype", "precision", "lr")
+SETTING_KEYS = ("method", "steps", "p_start", "p", "polish_steps", "seed", "restarts", "dtype", "precision", "lr")
 _CERTIFICATE_FIELDS = ("bound", "bound_name", "eps_minus_bound")
-# Version 3 had no certificate (capacity.coherence_bound of its k and d): it is computed on reading.
+_NEW_IN_V4 = ("restarts", "best_seed") + _CERTIFICATE_FIELDS
+# Version 3 had no restarts (one start: restarts 1, best_seed its seed) and no certificate
+# (capacity.coherence_bound of its k and d): they are filled in on reading.
 SWEEP_FORMAT_V3 = "repcap_fast.packing.sweep/3"
-_V3_FIELDS = tuple(f for f in CELL_FIELDS if f not in _CERTIFICATE_FIELDS)
+_V3_FIELDS = tuple(f for f in CELL_FIELDS if f not in _NEW_IN_V4)
 # Version 2 had no precision: its steps all ran at "highest", and its cells are read as such.
 SWEEP_FORMAT_V2 = "repcap_fast.packing.sweep/2"
 _V2_FIELDS = tuple(f for f in _V3_FIELDS if f != "precision")
@@ -60,16 +63,19 @@ def _upgrade(cell):
     """A version-1, -2 or -3 record as a version-4 one.
 
     Version 1's cells get method "paper", p_start = p and no polish; versions 1 and 2 get
-    precision "highest"; all get the certificate of their k and d. (A record that is not a dict,
+    precision "highest"; all get restarts 1, best_seed their seed and the certificate of their k
+    and d. (A record that is not a dict,
     already has the fields, or whose k or d is not a valid int is returned as it is, or without
     the certificate, for _check_cell to judge.)
     """
-    if not isinstance(cell, dict) or all(key in cell for key in ("method", "precision", *_CERTIFICATE_FIELDS)):
+    if not isinstance(cell, dict) or all(key in cell for key in ("method", "precision", *_NEW_IN_V4)):
         return cell
     out = dict(cell)
     if "method" not in cell:
         out.update(method="paper", p_start=cell.get("p"), polish_steps=0)
     out.setdefault("precision", "highest")
+    if "restarts" not in cell and "best_seed" not in cell:
+        out.update(restarts=1, best_seed=cell.get("seed"))
     k, d = cell.get("k"), cell.get("d")
     if not any(key in cell for key in _CERTIFICATE_FIELDS) and all(
             isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= _MAX_INT for v in (k, d)) and k >= 2:
@@ -77,7 +83,8 @@ def _upgrade(cell):
     return out
 
 
-_INT_FIELDS = {"k": 1, "d": 1, "steps": 1, "p_start": 1, "p": 1, "polish_steps": 0, "seed": 0}  # least values
+_INT_FIELDS = {"k": 1, "d": 1, "steps": 1, "p_start": 1, "p": 1, "polish_steps": 0, "seed": 0, "restarts": 1,
+               "best_seed": 0}  # least values
 _STR_FIELDS = ("method", "dtype", "precision", "bound_name")
 _FLOAT_FIELDS = tuple(f for f in CELL_FIELDS if f not in _INT_FIELDS and f not in _STR_FIELDS)  # or None
 # Maxima of |cosines|, in [0, 1] (up to the float32 rounding of a cosine: a few ulps above 1), or NaN/null.
@@ -120,6 +127,9 @@ def _check_cell(path: str, label: str, cell) -> dict:
     if cell["precision"] not in PENALTY_PRECISIONS:
         raise ValueError(f"{where}: precision is {cell['precision'][:40]!r}, not one of "
                          f"{', '.join(PENALTY_PRECISIONS)}")
+    if not cell["seed"] <= cell["best_seed"] <= cell["seed"] + cell["restarts"] - 1:
+        raise ValueError(f"{where}: best_seed is {cell['best_seed']}, not one of the starts' seeds seed … seed + "
+                         f"restarts - 1 ({cell['seed']} … {cell['seed'] + cell['restarts'] - 1})")
     name = cell["bound_name"]
     if name not in ("welch", "orthoplex", "levenstein") and not (name.startswith("welch-") and name[6:].isdigit()):
         raise ValueError(f"{where}: bound_name is {name[:40]!r}, not welch, welch-<order>, orthoplex or levenstein")

@@ -342,3 +342,33 @@ def test_cli_pack_prints_the_certificate(capsys):
     assert cli(["pack", "--k", "12", "--d", "3", "--steps", "10", "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert "certificate" in printed and "(levenstein)" in printed and "eps* - bound" in printed
+
+
+def test_restarts_keep_the_best_start_and_record_every_start(tmp_path, capsys):
+    """optimize(restarts=R): the runs from seeds seed … seed + R − 1, each equal to a run alone;
+    the result is the one of least ε*, with every start's ε* and the best seed. In a sweep,
+    restarts is a setting of the file (a resume never mixes them) and each cell has its best_seed."""
+    alone = [packing.optimize(14, 4, steps=25, seed=s, progress=False) for s in (5, 6, 7)]
+    res = packing.optimize(14, 4, steps=25, seed=5, restarts=3, progress=False)
+    assert res.restart_eps_stars == [r.eps_star for r in alone]
+    assert res.eps_star == min(r.eps_star for r in alone)
+    assert res.best_seed == 5 + [r.eps_star for r in alone].index(res.eps_star)
+    assert (res.seed, res.restarts) == (5, 3) and res.to_dict()["restart_eps_stars"] == res.restart_eps_stars
+    assert alone[0].restarts == 1 and alone[0].best_seed == 5 and alone[0].restart_eps_stars == [alone[0].eps_star]
+    with pytest.raises(ValueError, match="restarts must be"):
+        packing.optimize(14, 4, steps=5, restarts=0)
+    with pytest.raises(ValueError, match="the last start's seed"):
+        packing.optimize(14, 4, steps=5, seed=2**63 - 2, restarts=3)
+    out = tmp_path / "s.csv"
+    cells = packing.sweep([10, 14], [4], out, steps=25, seed=5, restarts=3, progress=False)
+    assert [c["restarts"] for c in cells] == [3, 3] and cells[1]["best_seed"] == res.best_seed
+    assert cells[1]["eps_star"] == res.eps_star and packing.load_cells(out) == cells
+    with pytest.raises(ValueError, match="other settings"):
+        packing.sweep([10, 14], [4], out, steps=25, seed=5, progress=False)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": packing.SWEEP_FORMAT, "cells": [dict(cells[0], best_seed=9)]}))
+    with pytest.raises(ValueError, match="best_seed is 9, not one of the starts' seeds"):
+        packing.load_cells(bad)
+    assert cli(["pack", "--k", "14", "--d", "4", "--steps", "25", "--seed", "5", "--restarts", "3",
+                "--no-progress"]) == 0
+    assert f"restarts    3: best seed {res.best_seed}" in capsys.readouterr().out
