@@ -301,8 +301,18 @@ def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision, meth
                          "(default), bfloat16 or float64")
     settings = methods.check_method(method, p, p_start, polish_steps, default_p(k, d),
                                     lambda value: check_penalty_p(value, backend))
+    if settings.method in methods.NO_P and lr is not None:
+        raise ValueError(f"lr does not apply to method={settings.method!r} (it takes no gradient steps)")
     lr = methods.default_lr(settings.method, default_lr(d)) if lr is None else val.check_positive_float(lr, "lr")
     precision = check_precision(precision, PENALTY_PRECISIONS)
+    if settings.method == "alternating-projection":
+        from .packing_projection import check_size
+
+        check_size(k, d)
+        if precision != "highest":
+            raise ValueError(f"precision={precision!r} does not apply to method='alternating-projection' (it "
+                             "eigendecomposes float64 Gram matrices, not the penalty kernel); use "
+                             "precision='highest'")
     check_memory(k, d, dtype, device, backend)  # before any allocation
     if settings.method == "smooth-max" and precision != "highest":
         raise ValueError(f"precision={precision!r} does not apply to method='smooth-max' (its objective is streamed "

@@ -22,6 +22,10 @@ Methods (``METHODS``):
   moment is one number per row (the sphere of each row is one factor of the product manifold),
   and each step is retracted by normalizing.
 * ``"minimax"``: ``"riemannian"`` followed by ``polish_steps`` of the active-set polish below.
+* ``"alternating-projection"``: Tropp, Dhillon, Heath and Strohmer's alternating projection between
+  the Gram matrices with |ĝ_ij| ≤ μ and the tight frames, μ annealed to the best lower bound
+  (``repcap_fast.packing_projection``): it reaches equiangular tight frames that the gradient
+  methods miss. No p, p_start or lr; k ≤ ``packing_projection.MAX_K``; float64, O(k³) per step.
 
 The active-set polish (any method, ``polish_steps`` > 0): sequential linear programming on the
 pairs near the maximum. Each step linearizes ĝ_ij(x + δ) ≈ ĝ_ij + x̂_j·δ_i + x̂_i·δ_j for the pairs
@@ -46,7 +50,8 @@ import torch
 from . import _validation as val
 from .ops.gram_offdiag_penalty import gram_offdiag_log_penalty, gram_offdiag_max
 
-METHODS = ("paper", "p-continuation", "smooth-max", "riemannian", "minimax")
+METHODS = ("paper", "p-continuation", "smooth-max", "riemannian", "minimax", "alternating-projection")
+NO_P = ("alternating-projection",)  # methods without an exponent, a p_start or a learning rate
 DEFAULT_P_START = 4
 DEFAULT_P_END = 1024
 DEFAULT_POLISH_STEPS = 40
@@ -108,6 +113,12 @@ def check_method(method, p: Optional[int], p_start, polish_steps, paper_p: int, 
     DEFAULT_POLISH_STEPS for "minimax", else 0).
     """
     val.check_choice(method, "method", METHODS)
+    if method in NO_P:
+        for name, value in (("p", p), ("p_start", p_start)):
+            if value is not None:
+                raise ValueError(f"{name} does not apply to method={method!r} (it has no exponent)")
+        polish = 0 if polish_steps is None else val.check_int(polish_steps, "polish_steps", 0)
+        return MethodSettings(method, 1, 1, polish)
     if method == "paper":
         if p_start is not None:
             raise ValueError("p_start applies to the continuation methods, not method='paper' (its p is fixed)")
@@ -129,9 +140,11 @@ def check_method(method, p: Optional[int], p_start, polish_steps, paper_p: int, 
 def default_lr(method: str, paper_lr: float) -> float:
     """The learning rate of `method` when none is given.
 
-    It is the paper's for "paper", else CONTINUATION_LR_FACTOR times it (the first lr of the
-    decaying schedule).
+    It is the paper's for "paper", 0 for the methods without one (NO_P), else
+    CONTINUATION_LR_FACTOR times it (the first lr of the decaying schedule).
     """
+    if method in NO_P:
+        return 0.0
     return paper_lr if method == "paper" else CONTINUATION_LR_FACTOR * paper_lr
 
 
@@ -242,6 +255,12 @@ def run_optimizer(settings: MethodSettings, X: torch.Tensor, steps: int, lr: flo
     step's update).
     """
     method = settings.method
+    if method == "alternating-projection":
+        from .capacity import coherence_bound
+        from .packing_projection import alternating_projection
+
+        k, d = X.shape
+        return alternating_projection(X, steps, coherence_bound(k, d)[0], on_step)
 
     def reported(value: float, rows: torch.Tensor, p: int, step: int) -> float:
         if precision == "highest" or step not in (0, steps - 1):

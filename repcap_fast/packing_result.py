@@ -75,8 +75,9 @@ class PackingResult:
         k (int): the number of vectors.
         d (int): their dimension.
         steps (int): optimizer steps run.
-        p (int): the fixed p of "paper"; the last p (or sharpness) of the continuation methods.
-        lr (float): the (first) learning rate.
+        p (int): the fixed p of "paper"; the last p (or sharpness) of the continuation methods;
+            1 for "alternating-projection" (no exponent).
+        lr (float): the (first) learning rate (0 for "alternating-projection").
         seed (int): the seed of the random start (of the first start, with restarts).
         dtype (str): the vectors' dtype, e.g. "float32".
         device (str): where the run ran.
@@ -95,12 +96,15 @@ class PackingResult:
         loss_final (float): the objective of the last step, from the exact kernel.
         loss_history (List[float]): the objective each step evaluated (before its update):
             Σ|ĝ|^p for "paper", (1/p)·ln Σ|ĝ|^p at that step's p for "p-continuation",
-            "riemannian" and "minimax", the log-sum-exp for "smooth-max"; at the steps'
-            `precision`, except the first and last entries (``loss_init``, ``loss_final``).
+            "riemannian" and "minimax", the log-sum-exp for "smooth-max", ε* of the step's
+            packing for "alternating-projection" (after the step; the result keeps the best one);
+            at the steps' `precision`, except the first and last entries (``loss_init``,
+            ``loss_final``).
         seconds (float): the run's wall time.
         precision (str): the operand precision of the penalty steps.
         method (str): the optimizer, one of ``repcap_fast.packing.METHODS``.
-        p_start (int): the first p of a continuation method (p for "paper").
+        p_start (int): the first p of a continuation method (p for "paper", 1 for
+            "alternating-projection").
         polish_steps (int): active-set polish steps run after the optimizer.
         polish_history (List[float]): ε* after each polish step.
         restarts (int): the seeded starts run (``optimize(restarts=R)``: seeds seed … seed + R − 1);

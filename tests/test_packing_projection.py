@@ -1,0 +1,67 @@
+"""method="alternating-projection": the equiangular tight frames it reaches, its settings and its limits."""
+
+import math
+
+import pytest
+import torch
+
+from repcap_fast import capacity, packing, packing_projection
+from repcap_fast.cli import main as cli
+
+# (k, d) of real equiangular tight frames the method reaches from a single start: the cube's and
+# the icosahedron's diagonals, 10 in R^5, 14 in R^7, 16 in R^6, 28 in R^7, and two simplices.
+REACHED = [(4, 3), (6, 3), (10, 5), (14, 7), (16, 6), (28, 7), (5, 4), (9, 8)]
+
+
+@pytest.mark.parametrize("k,d", REACHED)
+def test_equiangular_tight_frames_are_reached_on_at_least_two_of_three_seeds(k, d):
+    welch = capacity.welch_bound(k, d)
+    gaps = [packing.optimize(k, d, steps=1500, seed=seed, method="alternating-projection", dtype=torch.float64,
+                             progress=False).eps_star - welch for seed in (0, 1, 2)]
+    assert min(gaps) >= -1e-12  # no packing beats the bound
+    assert sum(gap < 1e-4 for gap in gaps) >= 2, gaps
+
+
+def test_the_result_records_the_method_and_the_best_packing_seen():
+    res = packing.optimize(16, 6, steps=400, method="alternating-projection", dtype=torch.float64, progress=False)
+    assert (res.method, res.p, res.p_start, res.lr, res.polish_steps) == ("alternating-projection", 1, 1, 0.0, 0)
+    assert len(res.loss_history) == 400 and res.loss_init == res.loss_history[0]
+    assert res.eps_star == pytest.approx(min(res.loss_history), abs=1e-12)  # the best step's packing is kept
+    assert res.eps_star < res.eps_star_init and res.bound_name == "welch" and res.eps_minus_bound < 1e-4
+    # with restarts: the best start
+    best = packing.optimize(18, 9, steps=300, seed=0, restarts=4, method="alternating-projection",
+                            dtype=torch.float64, progress=False)
+    assert best.eps_star == min(best.restart_eps_stars) and len(best.restart_eps_stars) == 4
+
+
+def test_where_no_frame_meets_the_bound_the_best_packing_is_kept():
+    # 5 lines in R^3: the Welch bound 0.408 is not reachable (the optimum is 1/√5); the method
+    # still returns a valid packing, no better than the optimum
+    res = packing.optimize(5, 3, steps=300, method="alternating-projection", dtype=torch.float64, progress=False)
+    assert 1 / math.sqrt(5) - 1e-9 <= res.eps_star < res.eps_star_init
+
+
+def test_it_can_be_polished_and_swept(tmp_path):
+    res = packing.optimize(5, 3, steps=200, method="alternating-projection", polish_steps=20, progress=False)
+    assert res.polish_steps == 20 and res.eps_star <= res.loss_history[-1] + 1e-6
+    out = tmp_path / "s.json"
+    cells = packing.sweep([6, 10], [3, 5], out, steps=200, method="alternating-projection", progress=False)
+    assert {c["method"] for c in cells} == {"alternating-projection"} and packing.load_cells(out) == cells
+    assert packing.sweep([6, 10], [3, 5], out, steps=200, method="alternating-projection", progress=False) == cells
+
+
+def test_settings_that_do_not_apply_and_sizes_beyond_its_limit_are_refused(monkeypatch, capsys):
+    method = "alternating-projection"
+    with pytest.raises(ValueError, match="p does not apply to method='alternating-projection'"):
+        packing.optimize(6, 3, steps=5, method=method, p=8)
+    with pytest.raises(ValueError, match="p_start does not apply"):
+        packing.optimize(6, 3, steps=5, method=method, p_start=4)
+    with pytest.raises(ValueError, match="lr does not apply"):
+        packing.optimize(6, 3, steps=5, method=method, lr=0.01)
+    with pytest.raises(ValueError, match="precision='bf16' does not apply"):
+        packing.optimize(6, 3, steps=5, method=method, precision="bf16")
+    monkeypatch.setattr(packing_projection, "MAX_K", 5)
+    with pytest.raises(ValueError, match="k must be at most 5, got k=6"):
+        packing.optimize(6, 3, steps=5, method=method)
+    assert cli(["pack", "--k", "6", "--d", "3", "--steps", "5", "--method", method, "--no-progress"]) == 2
+    assert "k must be at most 5" in capsys.readouterr().err
