@@ -185,7 +185,8 @@ def _cmd_pack(args) -> int:
                            progress=args.progress, method=args.method, p_start=args.p_start,
                            polish_steps=args.polish_steps, restarts=args.restarts)
     ratio = "inf" if not np.isfinite(res.eps_over_welch) else f"{res.eps_over_welch:.4f}"
-    p_text = f"p={res.p}" if res.method == "paper" else f"p={res.p_start}->{res.p}"
+    p_text = (f"p={res.p}" if res.method == "paper" else "no p" if res.method == "alternating-projection"
+              else f"p={res.p_start}->{res.p}")
     polish = f" polish_steps={res.polish_steps}" if res.polish_steps else ""
     print(f"k={res.k} d={res.d} method={res.method} steps={res.steps} {p_text}{polish} lr={res.lr} "
           f"({res.seconds:.1f} s, {res.backend}, precision {res.precision})")
@@ -204,6 +205,7 @@ def _cmd_pack(args) -> int:
                            f"packing k={res.k}, d={res.d}, {res.method}, {p_text}: eps*={res.eps_star:.4f}",
                            **({} if res.method == "paper" else
                               {"ylabel": "smooth-max objective (T·ln Σ exp(|ĝ|/T))" if res.method == "smooth-max"
+                               else "ε* of each step's packing" if res.method == "alternating-projection"
                                else "(1/p)·ln Σ|ĝ|^p (log of a smooth max of |ĝ|)", "log_scale": False}))
         print(f"wrote       {args.plot}")
     return 0

@@ -65,3 +65,6 @@ def test_settings_that_do_not_apply_and_sizes_beyond_its_limit_are_refused(monke
         packing.optimize(6, 3, steps=5, method=method)
     assert cli(["pack", "--k", "6", "--d", "3", "--steps", "5", "--method", method, "--no-progress"]) == 2
     assert "k must be at most 5" in capsys.readouterr().err
+    monkeypatch.setattr(packing_projection, "MAX_K", 4096)
+    assert cli(["pack", "--k", "6", "--d", "3", "--steps", "50", "--method", method, "--no-progress"]) == 0
+    assert "method=alternating-projection steps=50 no p" in capsys.readouterr().out
