@@ -58,6 +58,7 @@ DEFAULT_POLISH_STEPS = 40
 LR_END_FRACTION = 0.01  # the continuation methods decay lr geometrically to this fraction of it
 CONTINUATION_LR_FACTOR = 2.0  # their first lr: twice the paper's (0.01 for d ≤ 1024), measured in the README
 _ADAM_BETAS = (0.9, 0.999)
+_EXP_FLOOR = -80.0  # smooth-max: exp of anything lower is a float32 subnormal (exp(−87.3) is the least normal)
 _ADAM_EPS = 1e-12  # the log objectives have gradients of order 1/ε*: no need for the paper's 1e-8
 
 
@@ -196,12 +197,14 @@ def smooth_max_objective(X: torch.Tensor, temperature: float) -> Tuple[float, to
         g = X[r0:r1] @ X.T
         idx = torch.arange(r1 - r0, device=X.device)
         g[idx, r0 + idx] = 0.0
-        a = g.abs()
-        m = a.amax(dim=1, keepdim=True)
-        w = torch.exp((a - m) / temperature)
+        w = g.abs()
+        m = w.amax(dim=1, keepdim=True)
+        # in place (one b×k buffer besides g); exponents below −80 clamped, so that exp never forms a
+        # float32 subnormal (slow on x86): those terms are < 2e-35 of the row's largest, 1
+        w.sub_(m).mul_(1.0 / temperature).clamp_(min=_EXP_FLOOR).exp_()
         w[idx, r0 + idx] = 0.0
-        s = w.sum(dim=1, dtype=torch.float64)
-        grad[r0:r1] = torch.sign(g).mul_(w) @ X
+        s = w.sum(dim=1).to(torch.float64)  # terms in (0, 1], at least one 1: float32 sums are exact to 1e-7
+        grad[r0:r1] = g.sign_().mul_(w) @ X
         row_max[r0:r1] = m.squeeze(1)
         log_rows[r0:r1] = m.squeeze(1).to(torch.float64) / temperature + torch.log(s)
     log_z = torch.logsumexp(log_rows, 0)
