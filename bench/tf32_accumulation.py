@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from precision_split_dots import to_tf32  # noqa: E402
+from precision_split_dots import _round_toward_zero, to_tf32  # noqa: E402
 
 from _harness import format_table, write_results  # noqa: E402
 
@@ -50,10 +50,8 @@ def near_duplicates(v, d, seed, noise):
 
 
 def _rz32(v: np.ndarray) -> np.ndarray:
-    """float64 → float32 values rounded toward zero (kept as float64)."""
-    f = v.astype(np.float32).astype(np.float64)
-    over = np.abs(f) > np.abs(v)
-    return np.where(over, np.nextafter(f.astype(np.float32), np.float32(0)).astype(np.float64), f)
+    """float64 → float32 values rounded toward zero, kept as float64."""
+    return _round_toward_zero(v).astype(np.float64)
 
 
 def _truncate_to(v: np.ndarray, quantum: np.ndarray) -> np.ndarray:

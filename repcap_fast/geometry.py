@@ -400,10 +400,9 @@ def _top_right_singular_vectors(x: torch.Tensor, m: int) -> torch.Tensor:
     n, d = x.shape
     if d <= n:
         return eigen.top_eigenpairs(x.T @ x, m).vectors
-    if m < n:
-        top = eigen.top_eigenpairs(x @ x.T, m)
-        if bool(top.values[-1] > _GRAM_RANK_CUT * top.values[0]):
-            return (x.T @ top.vectors) / top.values.sqrt()
+    top = eigen.top_eigenpairs(x @ x.T, m)  # m ≤ min(N, d) − 1 < N
+    if bool(top.values[-1] > _GRAM_RANK_CUT * top.values[0]):
+        return (x.T @ top.vectors) / top.values.sqrt()
     with eigen.small_lapack(x.device, n):
         _, _, vh = torch.linalg.svd(x, full_matrices=False)
     return vh[:m].T

@@ -165,7 +165,7 @@ def optimize(
         >>> round(res.eps_star, 4), round(res.welch, 4)  # the 6 axes of the icosahedron meet the bound
         (0.4472, 0.4472)
     """
-    restarts = val.check_int(restarts, "restarts", 1)
+    restarts = _check_restarts(seed, restarts)
     if restarts > 1:
         return _best_of_starts(restarts, dict(k=k, d=d, steps=steps, p=p, lr=lr, seed=seed, device=device,
                                               dtype=dtype, backend=backend, precision=precision, progress=progress,
@@ -202,14 +202,22 @@ def optimize(
     return _packing_result(run, eps_init, X, losses.cpu().tolist(), start, polish_history)
 
 
+def _check_restarts(seed, restarts) -> int:
+    """Restarts (an int ≥ 1), checked with the seed: the last start's seed must be a seed too."""
+    restarts = val.check_int(restarts, "restarts", 1)
+    if restarts > 1:
+        seed = val.check_seed(seed)
+        val.check_seed(seed + restarts - 1, name=f"seed + restarts - 1 (the last start's seed, restarts={restarts})")
+    return restarts
+
+
 def _best_of_starts(restarts: int, args: dict) -> PackingResult:
     """`restarts` runs of optimize from the seeds seed, seed + 1, …: the one of least ε*, with every start's ε*.
 
     The starts run one after the other: each already uses the machine's cores (the kernels are
     multithreaded on the CPU and fill a GPU), so running them side by side would not finish sooner.
     """
-    seed = val.check_seed(args["seed"])
-    val.check_seed(seed + restarts - 1, name=f"seed + restarts - 1 (the last start's seed, restarts={restarts})")
+    seed = args["seed"]
     start = time.perf_counter()
     results = [optimize(**dict(args, seed=seed + r)) for r in range(restarts)]
     best = min(results, key=lambda res: (res.eps_star, res.best_seed))  # the first of equal ε*
@@ -530,8 +538,7 @@ def sweep(
     dtype = val.check_dtype(dtype)
     check = methods.check_method(method, p, p_start, polish_steps, 1, lambda value: check_penalty_p(value, name))
     precision = check_precision(precision, PENALTY_PRECISIONS)
-    restarts = val.check_int(restarts, "restarts", 1)
-    val.check_seed(seed + restarts - 1, name=f"seed + restarts - 1 (the last start's seed, restarts={restarts})")
+    restarts = _check_restarts(seed, restarts)
     want = {"method": method, "steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""),
             "precision": precision, "restarts": restarts, "p": p,
             "p_start": p_start if p_start is None else check.p_start,

@@ -80,13 +80,15 @@ def alternating_projection(X: torch.Tensor, steps: int, bound: float,
         _, vectors = torch.linalg.eigh(h)  # ascending eigenvalues
         v = vectors[:, k - m:]
         gram = (k / d) * (v @ v.T)
-        norms = torch.linalg.vector_norm(v, dim=1, keepdim=True)
-        if bool((norms > 0).all()):
-            rows = torch.zeros(k, d, dtype=torch.float64, device=x.device)
-            rows[:, :m] = v / norms
-            eps = coherence(rows)
+        scale = gram.diagonal().rsqrt()  # the cosines of the rows of v: the Gram, rescaled
+        if bool(torch.isfinite(scale).all()):
+            cosines = gram * scale[:, None] * scale[None, :]
+            cosines.fill_diagonal_(0.0)
+            eps = float(cosines.abs().max())
             if eps < best_eps:
-                best, best_eps = rows, eps
+                best = torch.zeros(k, d, dtype=torch.float64, device=x.device)
+                best[:, :m] = v * (scale[:, None] * math.sqrt(k / d))
+                best_eps = eps
         else:  # a row left out of the frame: no packing this step
             eps = math.inf
         on_step(step, eps if math.isfinite(eps) else best_eps)

@@ -23,6 +23,7 @@ except ImportError:  # not on Windows: sweeps there take no lock
 
 from ._backends import PENALTY_PRECISIONS
 from ._validation import ArgumentTypeError, check_int
+from .capacity import coherence_bound
 from .packing_methods import METHODS
 
 SWEEP_FORMAT = "repcap_fast.packing.sweep/4"
@@ -52,8 +53,6 @@ _OLD_FORMATS = (SWEEP_FORMAT_V3, SWEEP_FORMAT_V2, SWEEP_FORMAT_V1)
 
 def _certificate(k, d, eps_star) -> dict:
     """The certificate fields of a cell (k, d) of ε* eps_star (None or NaN: the gap is None)."""
-    from .capacity import coherence_bound  # capacity imports nothing of the packing
-
     bound, name = coherence_bound(k, d)
     finite = isinstance(eps_star, (int, float)) and not isinstance(eps_star, bool) and math.isfinite(eps_star)
     return {"bound": bound, "bound_name": name, "eps_minus_bound": eps_star - bound if finite else None}
