@@ -183,11 +183,13 @@ def _cmd_pack(args) -> int:
     res = packing.optimize(args.k, args.d, steps=args.steps, p=args.p, lr=args.lr, seed=args.seed,
                            device=args.device, dtype=args.dtype, backend=args.backend, precision=args.precision,
                            progress=args.progress, method=args.method, p_start=args.p_start,
-                           polish_steps=args.polish_steps, restarts=args.restarts)
+                           polish_steps=args.polish_steps, restarts=args.restarts,
+                           projection_steps=args.projection_steps)
     ratio = "inf" if not np.isfinite(res.eps_over_welch) else f"{res.eps_over_welch:.4f}"
     p_text = (f"p={res.p}" if res.method == "paper" else "no p" if res.method == "alternating-projection"
               else f"p={res.p_start}->{res.p}")
-    polish = f" polish_steps={res.polish_steps}" if res.polish_steps else ""
+    polish = f" projection_steps={res.projection_steps}" if res.projection_steps else ""
+    polish += f" polish_steps={res.polish_steps}" if res.polish_steps else ""
     print(f"k={res.k} d={res.d} method={res.method} steps={res.steps} {p_text}{polish} lr={res.lr} "
           f"({res.seconds:.1f} s, {res.backend}, precision {res.precision})")
     print(f"eps*        {res.eps_star:.6f}   (random start {res.eps_star_init:.6f})")
@@ -365,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--p-start", type=int, default=None, help="the first p of the continuation methods (default 4)")
         p.add_argument("--polish-steps", type=int, default=None,
                        help="active-set polish steps after the optimizer (default 40 for minimax, else 0)")
+        if not grid:
+            p.add_argument("--projection-steps", type=int, default=0,
+                           help="alternating-projection polish steps after the optimizer, before the active-set "
+                                "polish (default 0; k <= 4096)")
         p.add_argument("--lr", type=float, default=None, help="Adam lr (default 0.005 if d <= 1024 else 0.0025; the "
                        "continuation methods start at twice that and decay to 1%% of their start)")
         p.add_argument("--seed", type=int, default=0)

@@ -90,6 +90,7 @@ def optimize(
     p_start: Optional[int] = None,
     polish_steps: Optional[int] = None,
     restarts: int = 1,
+    projection_steps: int = 0,
 ) -> PackingResult:
     """Packs k unit vectors in R^d: minimizes their coherence ε* = max_{i≠j}|ĝ_ij| from a random start.
 
@@ -139,6 +140,11 @@ def optimize(
         restarts: seeded starts, ≥ 1 (default 1): the whole run from the seeds seed, seed + 1, …,
             seed + restarts − 1, one after the other (each already uses every core, or the GPU),
             keeping the one of least ε*; the result records every start's ε* and the best seed.
+        projection_steps: alternating-projection polish steps after the optimizer and before the
+            active-set polish, ≥ 0 (default 0): ``packing_projection.alternating_projection`` from
+            the optimizer's packing, μ annealed from its ε* down to the certificate; it keeps the
+            best packing seen, so it never raises ε*. k ≤ ``packing_projection.MAX_K``; not for
+            method="alternating-projection" itself.
 
     Returns:
         PackingResult: ε* after the last step and the polish, ε* of the random start, the mean,
@@ -153,7 +159,8 @@ def optimize(
             method or precision, dtype float16, p beyond the backend's limit, p_start given for
             "paper" or above p, lr ≤ 0, restarts < 1 (or seed + restarts − 1 past 2^63 − 1), a
             precision other than "highest" for "smooth-max", a
-            method other than "paper" (or a polish) across ranks, or a k×d run that does not fit
+            method other than "paper" (or a polish) across ranks, projection_steps < 0, given with
+            method="alternating-projection" or with k > ``packing_projection.MAX_K``, or a k×d run that does not fit
             in the memory of the host or the device.
         PackingDiverged: the vectors became NaN/Inf or collapsed to zero (an lr too large for the
             dtype); a RuntimeError.
@@ -170,12 +177,12 @@ def optimize(
         return _best_of_starts(restarts, dict(k=k, d=d, steps=steps, p=p, lr=lr, seed=seed, device=device,
                                               dtype=dtype, backend=backend, precision=precision, progress=progress,
                                               group=group, method=method, p_start=p_start,
-                                              polish_steps=polish_steps))
+                                              polish_steps=polish_steps, projection_steps=projection_steps))
     group = distributed.resolve_group(group)
     run = distributed.prepare_on_every_rank("optimize", group, _check_run, k, d, steps, p, lr, seed, device, dtype,
-                                            backend, precision, method, p_start, polish_steps)
+                                            backend, precision, method, p_start, polish_steps, projection_steps)
     if group is not None:
-        if run.settings.method != "paper" or run.settings.polish_steps:
+        if run.settings.method != "paper" or run.settings.polish_steps or run.projection_steps:
             raise ValueError(f"method={run.settings.method!r} (and the polish) run in one process; only "
                              "method='paper' splits a run across ranks")
         return _optimize_across_ranks(run, progress, group)
@@ -195,11 +202,8 @@ def optimize(
             losses[step] = _exact_loss(X.detach(), run) if _reports_exact(run, step) else loss.detach()
             opt.step()
             bar.update(1)
-    X = X.detach()
-    polish_history: List[float] = []
-    if run.settings.polish_steps:
-        X = _polish(run, X, progress, polish_history)
-    return _packing_result(run, eps_init, X, losses.cpu().tolist(), start, polish_history)
+    X, histories = _polishes(run, X.detach(), progress)
+    return _packing_result(run, eps_init, X, losses.cpu().tolist(), start, *histories)
 
 
 def _check_restarts(seed, restarts) -> int:
@@ -255,10 +259,39 @@ def _optimize_with_method(run: _Run, progress) -> PackingResult:
             raise PackingDiverged(f"packing diverged at step {len(history)}: the vectors became NaN/Inf "
                                   f"({run.dtype}, lr={run.lr}, method={run.settings.method}); try a smaller lr or "
                                   "float64") from exc
+    X, histories = _polishes(run, X, progress)
+    return _packing_result(run, eps_init, X.to(run.dtype), history, start, *histories)
+
+
+def _polishes(run: _Run, X: torch.Tensor, progress):
+    """The alternating-projection polish, then the active-set polish, each when asked for.
+
+    Returns the polished rows (X's device and dtype) and the two histories (ε* after each step).
+    """
+    projection_history: List[float] = []
     polish_history: List[float] = []
+    if run.projection_steps:
+        X = _projection_polish(run, X, progress, projection_history)
     if run.settings.polish_steps:
         X = _polish(run, X, progress, polish_history)
-    return _packing_result(run, eps_init, X.to(run.dtype), history, start, polish_history)
+    return X, (polish_history, projection_history)
+
+
+def _projection_polish(run: _Run, X: torch.Tensor, progress, history: List[float]) -> torch.Tensor:
+    """The alternating-projection polish (float64, on X's device) from the rows X, μ annealed from their ε*."""
+    from .packing_projection import alternating_projection, coherence
+
+    with progress_bar(progress, total=run.projection_steps, desc=f"projection polish k={run.k} d={run.d}",
+                      unit="step", work=float(run.k) ** 3 * run.projection_steps, auto_above=_PROGRESS_FLOPS) as bar:
+        def on_step(step, eps):
+            history.append(eps)
+            bar.update(1)
+
+        x = X.detach().to(torch.float64)
+        x = x / torch.linalg.vector_norm(x, dim=1, keepdim=True)
+        polished = alternating_projection(x, run.projection_steps, capacity.coherence_bound(run.k, run.d)[0],
+                                          on_step, mu_start=coherence(x))
+    return polished.to(device=X.device, dtype=X.dtype)
 
 
 def _polish(run: _Run, X: torch.Tensor, progress, polish_history: List[float]) -> torch.Tensor:
@@ -289,6 +322,7 @@ class _Run:
     backend: str
     precision: str
     settings: MethodSettings
+    projection_steps: int = 0
 
     def signature(self) -> dict:
         return {"k": self.k, "d": self.d, "steps": self.steps, "p": self.p, "lr": self.lr, "seed": self.seed,
@@ -297,7 +331,7 @@ class _Run:
 
 
 def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision, method="paper", p_start=None,
-               polish_steps=None) -> _Run:
+               polish_steps=None, projection_steps=0) -> _Run:
     k = val.check_int(k, "k", 2)
     d = val.check_int(d, "d", 1)
     device = val.check_device(device)
@@ -321,12 +355,20 @@ def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision, meth
             raise ValueError(f"precision={precision!r} does not apply to method='alternating-projection' (it "
                              "eigendecomposes float64 Gram matrices, not the penalty kernel); use "
                              "precision='highest'")
+    projection_steps = val.check_int(projection_steps, "projection_steps", 0)
+    if projection_steps:
+        from .packing_projection import check_size
+
+        if settings.method == "alternating-projection":
+            raise ValueError("projection_steps is the alternating-projection polish after the other methods; "
+                             "method='alternating-projection' already is that iteration (give it more steps)")
+        check_size(k, d, "projection_steps")
     check_memory(k, d, dtype, device, backend)  # before any allocation
     if settings.method == "smooth-max" and precision != "highest":
         raise ValueError(f"precision={precision!r} does not apply to method='smooth-max' (its objective is streamed "
                          "by PyTorch in float32, not by the penalty kernel); use precision='highest'")
     return _Run(k, d, val.check_int(steps, "steps", 1), settings.p_end, lr, val.check_seed(seed),
-                device, dtype, backend, precision, settings)
+                device, dtype, backend, precision, settings, projection_steps)
 
 
 def _step_loss(X: torch.Tensor, run: _Run, step: int) -> torch.Tensor:
@@ -367,7 +409,7 @@ def _initial_vectors(k: int, d: int, seed: int) -> torch.Tensor:
     return x0 / torch.linalg.vector_norm(x0, dim=1, keepdim=True)
 
 
-def _packing_result(run: _Run, eps_init, X, history, start, polish_history=()) -> PackingResult:
+def _packing_result(run: _Run, eps_init, X, history, start, polish_history=(), projection_history=()) -> PackingResult:
     """ε* and the statistics of the final vectors X (all k rows, on this process alone)."""
     with distributed.local():
         eps_star, mean, std = _eps_stats(X, run.backend)
@@ -381,7 +423,7 @@ def _packing_result(run: _Run, eps_init, X, history, start, polish_history=()) -
         loss_init=float(history[0]), loss_final=float(history[-1]), loss_history=history,
         seconds=time.perf_counter() - start, method=run.settings.method, p_start=run.settings.p_start,
         polish_steps=run.settings.polish_steps, polish_history=list(polish_history),
-        best_seed=run.seed, restart_eps_stars=[float(eps_star)],
+        projection_steps=run.projection_steps, projection_history=list(projection_history), best_seed=run.seed, restart_eps_stars=[float(eps_star)],
     )
 
 

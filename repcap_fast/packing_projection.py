@@ -7,41 +7,50 @@ packing; each step projects it onto two sets in turn:
 
 * the structural set {H symmetric: H_ii = 1, |H_ij| ≤ μ}: the off-diagonal entries clipped to
   [−μ, μ] and the diagonal set to 1 (the nearest such matrix in the Frobenius norm);
-* the spectral set of tight frames {(k/d)·P: P a rank-d orthogonal projector}: the top d
-  eigenvectors V of H (``torch.linalg.eigh``), G = (k/d)·V Vᵀ (the nearest such matrix).
+* the spectral set of tight frames {(k/d)·P: P a rank-d orthogonal projector}: G = (k/d)·V Vᵀ
+  with V an orthonormal basis of the top d eigenvectors of H (the nearest such matrix). For d < k,
+  V comes from SUBSPACE_ITERATIONS steps of subspace iteration warm-started at the previous step's
+  V (V ← QR(H·V)): H is a small change of the previous rank-d Gram, so its top-d subspace is
+  close to the previous one, and the step costs O(k²d) instead of a full ``torch.linalg.eigh``'s
+  O(k³) (25× faster at k = 2000, d = 32, with the same best ε* after 100 steps, and the same
+  frames reached; docs/internals/packing.md). G stays a tight frame; its subspace is the top-d one
+  up to the iteration's convergence. For d ≥ k, V = the eigenvectors of H (all k).
 
 The packing of a step is the rows of V, normalized (vectors in R^d, in the eigenvectors'
 coordinates: a rotation of the frame, which changes no cosine). μ is annealed down to the best
 lower bound b that applies (``capacity.coherence_bound``: Welch for equiangular tight frames) as
 μ_t = b·(1 + MU_AMPLITUDE·exp(−t/τ)), τ = min(MU_STEPS, steps/MU_DECAYS) (so μ is within
 MU_AMPLITUDE·e^−15 of b at the last step of any run), and the method returns the packing of least ε*
-seen over the run. Where an equiangular tight frame exists it is the fixed point, and the
+seen over the run. As a polish after another method (``optimize(..., projection_steps=n)``), μ starts
+at the ε* of that method's packing instead, μ_t = b + (ε*₀ − b)·exp(−t/τ), and the start itself counts
+as seen (the polish never raises ε*). Where an equiangular tight frame exists it is the fixed point, and the
 iteration reaches it from many starts (test_packing_projection.py lists which); where b is not
 reachable the iterates keep moving and the best one seen is kept.
 
-Each step costs one k×k eigendecomposition, O(k³), and holds k×k float64 matrices: the method
-refuses k > MAX_K. It runs in float64 on the vectors' device.
+Each step costs O(k²d) (O(k³) for d ≥ k) and holds k×k float64 matrices: the method refuses
+k > MAX_K. It runs in float64 on the vectors' device.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
-MAX_K = 4096  # k×k float64 Grams (128 MiB) and one O(k³) eigh per step
+MAX_K = 4096  # k×k float64 Grams (128 MiB) per step
+SUBSPACE_ITERATIONS = 2  # H·V products (and QRs) per step, d < k
 MU_AMPLITUDE = 0.5  # μ starts at (1 + MU_AMPLITUDE)·bound …
 MU_STEPS = 300.0  # … and decays to the bound with this time constant (steps) …
 MU_DECAYS = 15.0  # … or, in a run of fewer than MU_STEPS·MU_DECAYS steps, steps/MU_DECAYS
 
 
-def check_size(k: int, d: int) -> None:
-    """Refuses a k beyond MAX_K, naming the limit and why."""
+def check_size(k: int, d: int, what: str = "method='alternating-projection'") -> None:
+    """Refuses a k beyond MAX_K, naming `what` asked for it, the limit and why."""
     if k > MAX_K:
-        raise ValueError(f"method='alternating-projection' holds k×k Gram matrices and eigendecomposes one per "
-                         f"step (O(k³)): k must be at most {MAX_K}, got k={k} (d={d}); use 'minimax' or "
-                         "'riemannian' for larger k")
+        raise ValueError(f"{what} holds k×k Gram matrices and eigendecomposes one per step (O(k³)) of the "
+                         f"alternating projection: k must be at most {MAX_K}, got k={k} (d={d}); use 'minimax' "
+                         "or 'riemannian' alone for larger k")
 
 
 def coherence(x: torch.Tensor) -> float:
@@ -52,7 +61,7 @@ def coherence(x: torch.Tensor) -> float:
 
 
 def alternating_projection(X: torch.Tensor, steps: int, bound: float,
-                           on_step: Callable[[int, float], None]) -> torch.Tensor:
+                           on_step: Callable[[int, float], None], mu_start: Optional[float] = None) -> torch.Tensor:
     """Runs `steps` alternating projections from the unit rows X; returns the best packing seen.
 
     Args:
@@ -61,6 +70,7 @@ def alternating_projection(X: torch.Tensor, steps: int, bound: float,
         bound: the lower bound μ is annealed to (capacity.coherence_bound of k and d).
         on_step: called as on_step(step, ε* of that step's packing) after each step (the best
             so far in a step whose frame leaves a row out, rare).
+        mu_start: the first μ (default (1 + MU_AMPLITUDE)·bound); the polish passes the start's ε*.
 
     Returns:
         torch.Tensor: the k×d packing of least ε* (float64, unit rows, on X's device).
@@ -72,13 +82,19 @@ def alternating_projection(X: torch.Tensor, steps: int, bound: float,
     best, best_eps = x, coherence(x)
     gram = x @ x.T
     m = min(k, d)
+    basis = torch.linalg.qr(x).Q if d < k else None  # k×d: the top-d eigenvectors of x·xᵀ, the start
     tau = min(MU_STEPS, steps / MU_DECAYS)
+    mu_start = bound * (1.0 + MU_AMPLITUDE) if mu_start is None else max(float(mu_start), bound)
     for step in range(steps):
-        mu = bound * (1.0 + MU_AMPLITUDE * math.exp(-step / tau))
+        mu = bound + (mu_start - bound) * math.exp(-step / tau)
         h = gram.clamp(-mu, mu)
         h.fill_diagonal_(1.0)
-        _, vectors = torch.linalg.eigh(h)  # ascending eigenvalues
-        v = vectors[:, k - m:]
+        if basis is None:
+            v = torch.linalg.eigh(h)[1]  # d ≥ k: every eigenvector
+        else:
+            for _ in range(SUBSPACE_ITERATIONS):
+                basis = torch.linalg.qr(h @ basis).Q
+            v = basis
         gram = (k / d) * (v @ v.T)
         scale = gram.diagonal().rsqrt()  # the cosines of the rows of v: the Gram, rescaled
         if bool(torch.isfinite(scale).all()):

@@ -107,6 +107,10 @@ class PackingResult:
             "alternating-projection").
         polish_steps (int): active-set polish steps run after the optimizer.
         polish_history (List[float]): ε* after each polish step.
+        projection_steps (int): alternating-projection polish steps run after the optimizer (before
+            the active-set polish).
+        projection_history (List[float]): ε* of each of those steps' packings (the result keeps
+            the best packing seen, the start included).
         restarts (int): the seeded starts run (``optimize(restarts=R)``: seeds seed … seed + R − 1);
             the result is the one of least ε*.
         best_seed (int): the seed of that start (``optimize(..., seed=best_seed)`` runs it alone).
@@ -146,6 +150,8 @@ class PackingResult:
     p_start: int = 0
     polish_steps: int = 0
     polish_history: List[float] = field(repr=False, default_factory=list)
+    projection_steps: int = 0
+    projection_history: List[float] = field(repr=False, default_factory=list)
     restarts: int = 1
     best_seed: int = 0
     restart_eps_stars: List[float] = field(default_factory=list)
@@ -166,7 +172,8 @@ class PackingResult:
         The gaps are ``eps_minus_welch`` and ``eps_minus_bound`` (ε* minus the certificate).
 
         Args:
-            history: keep ``loss_history`` and ``polish_history``. Defaults to True.
+            history: keep ``loss_history``, ``polish_history`` and ``projection_history``.
+                Defaults to True.
             timing: keep ``seconds``. Defaults to True.
 
         Returns:
@@ -179,6 +186,7 @@ class PackingResult:
         if not history:
             out.pop("loss_history")
             out.pop("polish_history")
+            out.pop("projection_history")
         if not timing:
             out.pop("seconds")
         return out

@@ -68,3 +68,37 @@ def test_settings_that_do_not_apply_and_sizes_beyond_its_limit_are_refused(monke
     monkeypatch.setattr(packing_projection, "MAX_K", 4096)
     assert cli(["pack", "--k", "6", "--d", "3", "--steps", "50", "--method", method, "--no-progress"]) == 0
     assert "method=alternating-projection steps=50 no p" in capsys.readouterr().out
+
+
+def test_the_projection_polish_takes_minimax_to_the_frame_it_misses():
+    # minimax alone stops 0.045 above the Welch bound at (16, 6); the polish from its packing reaches it
+    alone = packing.optimize(16, 6, steps=800, method="minimax", dtype=torch.float64, progress=False)
+    res = packing.optimize(16, 6, steps=800, method="minimax", dtype=torch.float64, progress=False,
+                           projection_steps=600)
+    assert alone.eps_minus_bound > 0.01 and res.eps_minus_bound < 1e-4, (alone.eps_minus_bound, res.eps_minus_bound)
+    assert res.projection_steps == 600 and len(res.projection_history) == 600
+    assert res.polish_steps == 40 and res.loss_history == alone.loss_history  # the same run, then the polishes
+    assert "projection_history" not in res.to_dict(history=False)
+
+
+@pytest.mark.parametrize("method", ["paper", "riemannian"])
+def test_the_projection_polish_never_raises_eps(method):
+    # 5 lines in R^3: the bound (Welch) is out of reach, so the iterates wander; the start is kept when best
+    kwargs = dict(steps=300, method=method, dtype=torch.float64, progress=False)
+    alone = packing.optimize(5, 3, **kwargs)
+    res = packing.optimize(5, 3, projection_steps=200, **kwargs)
+    assert res.eps_star <= alone.eps_star + 1e-12 and res.eps_star >= 1 / math.sqrt(5) - 1e-9
+
+
+def test_the_projection_polish_is_refused_where_it_does_not_apply(monkeypatch, capsys):
+    with pytest.raises(ValueError, match="projection_steps must be"):
+        packing.optimize(6, 3, steps=5, method="minimax", projection_steps=-1)
+    with pytest.raises(ValueError, match="method='alternating-projection' already is that iteration"):
+        packing.optimize(6, 3, steps=5, method="alternating-projection", projection_steps=5)
+    monkeypatch.setattr(packing_projection, "MAX_K", 5)
+    with pytest.raises(ValueError, match="projection_steps holds k×k Gram.*k must be at most 5, got k=6"):
+        packing.optimize(6, 3, steps=5, method="minimax", projection_steps=5)
+    monkeypatch.setattr(packing_projection, "MAX_K", 4096)
+    assert cli(["pack", "--k", "6", "--d", "3", "--steps", "50", "--method", "riemannian", "--projection-steps",
+                "30", "--no-progress"]) == 0
+    assert "projection_steps=30" in capsys.readouterr().out
