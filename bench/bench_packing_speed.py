@@ -7,7 +7,7 @@ run (ε* of the start and of the result, the statistics) cancels:
 steps/s = steps / (seconds(2 + steps) − seconds(2)). The methods alternate, so a slower machine
 moment hits them alike; the polish of "minimax" is left out (polish_steps=0: it is a fixed number
 of linear programs after the steps, not a per-step cost). "alternating-projection" is refused
-beyond k = 4096 (its k×k eigendecomposition per step) and is timed at (2000, 32) only.
+beyond k = 4096 (it holds k×k Grams) and is timed at (2000, 32) only.
 
     python bench/bench_packing_speed.py          # about 3 minutes on 2 cores
 Writes bench/results/packing_speed_cpu.json (bench/_harness.py).

@@ -8,13 +8,12 @@ packing; each step projects it onto two sets in turn:
 * the structural set {H symmetric: H_ii = 1, |H_ij| ≤ μ}: the off-diagonal entries clipped to
   [−μ, μ] and the diagonal set to 1 (the nearest such matrix in the Frobenius norm);
 * the spectral set of tight frames {(k/d)·P: P a rank-d orthogonal projector}: G = (k/d)·V Vᵀ
-  with V an orthonormal basis of the top d eigenvectors of H (the nearest such matrix). For d < k,
-  V comes from SUBSPACE_ITERATIONS steps of subspace iteration warm-started at the previous step's
-  V (V ← QR(H·V)): H is a small change of the previous rank-d Gram, so its top-d subspace is
-  close to the previous one, and the step costs O(k²d) instead of a full ``torch.linalg.eigh``'s
-  O(k³) (25× faster at k = 2000, d = 32, with the same best ε* after 100 steps, and the same
-  frames reached; docs/internals/packing.md). G stays a tight frame; its subspace is the top-d one
-  up to the iteration's convergence. For d ≥ k, V = the eigenvectors of H (all k).
+  with V an orthonormal basis of the top d eigenvectors of H (the nearest such matrix). For
+  k ≤ EIGH_MAX_K (or d ≥ k), V is read off ``torch.linalg.eigh``, O(k³). Beyond, V comes from
+  SUBSPACE_ITERATIONS steps of subspace iteration warm-started at the previous step's V
+  (V ← QR(H·V)), O(k²d): H is a small change of the previous rank-d Gram, so its top-d subspace
+  is close to the previous one. G is then still a tight frame, with the top-d subspace up to the
+  iteration's convergence (how this compares with ``eigh``: docs/internals/packing.md).
 
 The packing of a step is the rows of V, normalized (vectors in R^d, in the eigenvectors'
 coordinates: a rotation of the frame, which changes no cosine). μ is annealed down to the best
@@ -27,8 +26,7 @@ as seen (the polish never raises ε*). Where an equiangular tight frame exists i
 iteration reaches it from many starts (test_packing_projection.py lists which); where b is not
 reachable the iterates keep moving and the best one seen is kept.
 
-Each step costs O(k²d) (O(k³) for d ≥ k) and holds k×k float64 matrices: the method refuses
-k > MAX_K. It runs in float64 on the vectors' device.
+Each step holds k×k float64 matrices: the method refuses k > MAX_K. It runs in float64 on the vectors' device.
 """
 
 from __future__ import annotations
@@ -39,7 +37,8 @@ from typing import Callable, Optional
 import torch
 
 MAX_K = 4096  # k×k float64 Grams (128 MiB) per step
-SUBSPACE_ITERATIONS = 2  # H·V products (and QRs) per step, d < k
+EIGH_MAX_K = 256  # up to this k, the exact projection (one eigh per step; 256³ is cheap)
+SUBSPACE_ITERATIONS = 2  # beyond it: H·V products (and QRs) per step, d < k
 MU_AMPLITUDE = 0.5  # μ starts at (1 + MU_AMPLITUDE)·bound …
 MU_STEPS = 300.0  # … and decays to the bound with this time constant (steps) …
 MU_DECAYS = 15.0  # … or, in a run of fewer than MU_STEPS·MU_DECAYS steps, steps/MU_DECAYS
@@ -82,7 +81,8 @@ def alternating_projection(X: torch.Tensor, steps: int, bound: float,
     best, best_eps = x, coherence(x)
     gram = x @ x.T
     m = min(k, d)
-    basis = torch.linalg.qr(x).Q if d < k else None  # k×d: the top-d eigenvectors of x·xᵀ, the start
+    exact = d >= k or k <= EIGH_MAX_K
+    basis = None if exact else torch.linalg.qr(x).Q  # k×d: the top-d eigenvectors of x·xᵀ, the start
     tau = min(MU_STEPS, steps / MU_DECAYS)
     mu_start = bound * (1.0 + MU_AMPLITUDE) if mu_start is None else max(float(mu_start), bound)
     for step in range(steps):
@@ -90,7 +90,7 @@ def alternating_projection(X: torch.Tensor, steps: int, bound: float,
         h = gram.clamp(-mu, mu)
         h.fill_diagonal_(1.0)
         if basis is None:
-            v = torch.linalg.eigh(h)[1]  # d ≥ k: every eigenvector
+            v = torch.linalg.eigh(h)[1][:, k - m:]  # ascending eigenvalues: the top m
         else:
             for _ in range(SUBSPACE_ITERATIONS):
                 basis = torch.linalg.qr(h @ basis).Q

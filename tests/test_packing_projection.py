@@ -102,3 +102,12 @@ def test_the_projection_polish_is_refused_where_it_does_not_apply(monkeypatch, c
     assert cli(["pack", "--k", "6", "--d", "3", "--steps", "50", "--method", "riemannian", "--projection-steps",
                 "30", "--no-progress"]) == 0
     assert "projection_steps=30" in capsys.readouterr().out
+
+
+def test_beyond_the_exact_projection_the_subspace_iteration_reaches_the_frames_too(monkeypatch):
+    # k > EIGH_MAX_K: the tight-frame step is the warm-started subspace iteration (O(k²d))
+    monkeypatch.setattr(packing_projection, "EIGH_MAX_K", 8)
+    for k, d in [(16, 6), (28, 7)]:
+        gaps = [packing.optimize(k, d, steps=600, seed=seed, method="alternating-projection", dtype=torch.float64,
+                                 progress=False).eps_minus_bound for seed in (0, 1, 2)]
+        assert min(gaps) >= -1e-12 and sum(gap < 1e-4 for gap in gaps) >= 2, (k, d, gaps)
