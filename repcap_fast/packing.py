@@ -423,7 +423,8 @@ def _packing_result(run: _Run, eps_init, X, history, start, polish_history=(), p
         loss_init=float(history[0]), loss_final=float(history[-1]), loss_history=history,
         seconds=time.perf_counter() - start, method=run.settings.method, p_start=run.settings.p_start,
         polish_steps=run.settings.polish_steps, polish_history=list(polish_history),
-        projection_steps=run.projection_steps, projection_history=list(projection_history), best_seed=run.seed, restart_eps_stars=[float(eps_star)],
+        projection_steps=run.projection_steps, projection_history=list(projection_history),
+        best_seed=run.seed, restart_eps_stars=[float(eps_star)],
     )
 
 
