@@ -47,9 +47,9 @@ MU_DECAYS = 15.0  # … or, in a run of fewer than MU_STEPS·MU_DECAYS steps, st
 def check_size(k: int, d: int, what: str = "method='alternating-projection'") -> None:
     """Refuses a k beyond MAX_K, naming `what` asked for it, the limit and why."""
     if k > MAX_K:
-        raise ValueError(f"{what} holds k×k Gram matrices and eigendecomposes one per step (O(k³)) of the "
-                         f"alternating projection: k must be at most {MAX_K}, got k={k} (d={d}); use 'minimax' "
-                         "or 'riemannian' alone for larger k")
+        raise ValueError(f"{what} holds k×k Gram matrices (float64, several per step of the alternating "
+                         f"projection): k must be at most {MAX_K}, got k={k} (d={d}); use 'minimax' or "
+                         "'riemannian' alone for larger k")
 
 
 def coherence(x: torch.Tensor) -> float:
