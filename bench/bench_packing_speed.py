@@ -36,7 +36,8 @@ def run_seconds(k, d, method, steps):
 def main():
     rows = []
     for k, d, steps in CELLS:
-        methods = [m for m in METHODS if not (m == "alternating-projection" and k > 4096)]
+        # equiangular-search: no real equiangular tight frame exists at these (k, d), so it refuses them
+        methods = [m for m in METHODS if m != "equiangular-search" and not (m == "alternating-projection" and k > 4096)]
         base = {m: run_seconds(k, d, m, 2) for m in methods}  # also warms each method up
         for m in methods:
             seconds = run_seconds(k, d, m, steps + 2) - base[m]

@@ -186,7 +186,7 @@ def _cmd_pack(args) -> int:
                            polish_steps=args.polish_steps, restarts=args.restarts,
                            projection_steps=args.projection_steps)
     ratio = "inf" if not np.isfinite(res.eps_over_welch) else f"{res.eps_over_welch:.4f}"
-    p_text = (f"p={res.p}" if res.method == "paper" else "no p" if res.method == "alternating-projection"
+    p_text = (f"p={res.p}" if res.method == "paper" else "no p" if res.method in packing.NO_P
               else f"p={res.p_start}->{res.p}")
     polish = f" projection_steps={res.projection_steps}" if res.projection_steps else ""
     polish += f" polish_steps={res.polish_steps}" if res.polish_steps else ""

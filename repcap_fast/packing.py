@@ -35,7 +35,7 @@ from .ops.gram_offdiag_penalty import (
 )
 from .ops.pairwise_cosine_stats import pairwise_cosine_stats
 from .packing_memory import check_memory
-from .packing_methods import METHODS, MethodSettings, PackingDiverged  # noqa: F401  method= names; optimize raises
+from .packing_methods import METHODS, NO_P, MethodSettings, PackingDiverged  # noqa: F401  method= names; optimize raises
 from .packing_result import PackingResult, default_lr, default_p
 from .packing_sweep import run_sweep
 from .sweep_file import (  # noqa: F401  the sweep file's names, also served from here (packing.SWEEP_FORMAT, ...)
@@ -99,15 +99,17 @@ def optimize(
     on the device), and Adam minimizes L = Σ_{i≠j}|ĝ_ij|^p, ĝ_ij = x̂_i·x̂_j the cosines of the
     row-normalized X, through the streaming penalty kernel (``gram_offdiag_penalty``, never k×k);
     the raw parameters are never projected back. The other methods of ``METHODS``
-    ("p-continuation", "smooth-max", "riemannian", "minimax"; see ``repcap_fast.packing_methods``)
-    drive ε* lower. k ≤ d is allowed: the optimum is then exact orthogonality (ε* → 0). ε* is
+    ("p-continuation", "smooth-max", "riemannian", "minimax", "alternating-projection",
+    "equiangular-search"; see ``repcap_fast.packing_methods``) drive ε* lower. k ≤ d is allowed:
+    the optimum is then exact orthogonality (ε* → 0). ε* is
     read after all `steps` updates (the paper's script reads it in the forward pass of its last
     step, after steps − 1).
 
     Args:
         k: the number of vectors, an int ≥ 2.
         d: their dimension, an int ≥ 1.
-        steps: optimizer steps, ≥ 1. Defaults to 5000.
+        steps: optimizer steps, ≥ 1 (for "equiangular-search" sign-flip moves, at most: it stops
+            at the first frame). Defaults to 5000.
         p: for "paper" the fixed exponent (default ``default_p(k, d)``); for the other methods the
             last p of the continuation (default ``packing_methods.DEFAULT_P_END``, 1024). At most
             the kernels' limit on a kernel backend.
@@ -160,8 +162,9 @@ def optimize(
             "paper" or above p, lr ≤ 0, restarts < 1 (or seed + restarts − 1 past 2^63 − 1), a
             precision other than "highest" for "smooth-max", a
             method other than "paper" (or a polish) across ranks, projection_steps < 0, given with
-            method="alternating-projection" or with k > ``packing_projection.MAX_K``, or a k×d run that does not fit
-            in the memory of the host or the device.
+            method="alternating-projection" or with k > ``packing_projection.MAX_K``, method="equiangular-search"
+            where no real equiangular tight frame can exist or k > ``packing_search.MAX_K``, or a k×d run
+            that does not fit in the memory of the host or the device.
         PackingDiverged: the vectors became NaN/Inf or collapsed to zero (an lr too large for the
             dtype); a RuntimeError.
         RuntimeError: `group` given while torch.distributed is not initialized; across ranks,
@@ -237,8 +240,9 @@ def _optimize_with_method(run: _Run, progress) -> PackingResult:
     eps_init, _, _ = _eps_stats(X.to(run.dtype), run.backend)
     history: List[float] = []
     start = time.perf_counter()
+    per_step = 2.0 * run.k ** 5 if run.settings.method == "equiangular-search" else 4.0 * run.k * run.k * run.d
     with progress_bar(progress, total=run.steps, desc=f"pack k={run.k} d={run.d} {run.settings.method}", unit="step",
-                      work=4.0 * run.k * run.k * run.d * run.steps, auto_above=_PROGRESS_FLOPS) as bar:
+                      work=per_step * run.steps, auto_above=_PROGRESS_FLOPS) as bar:
         def on_step(step, value):
             if math.isnan(value) or value == math.inf:  # −inf: every pair exactly orthogonal (k ≤ d), converged
                 raise PackingDiverged(f"packing diverged at step {step}: the objective is {value} ({run.dtype}, "
@@ -248,7 +252,7 @@ def _optimize_with_method(run: _Run, progress) -> PackingResult:
 
         try:
             X = methods.run_optimizer(run.settings, X, run.steps, run.lr, run.backend, run.precision, eps_init,
-                                      on_step)
+                                      on_step, seed=run.seed)
         except methods.RowsCollapsed as exc:
             default = methods.default_lr(run.settings.method, default_lr(run.d))
             raise PackingDiverged(f"{exc} ({run.dtype}, method={run.settings.method}); lr={run.lr:g} is too large: "
@@ -347,14 +351,15 @@ def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision, meth
         raise ValueError(f"lr does not apply to method={settings.method!r} (it takes no gradient steps)")
     lr = methods.default_lr(settings.method, default_lr(d)) if lr is None else val.check_positive_float(lr, "lr")
     precision = check_precision(precision, PENALTY_PRECISIONS)
-    if settings.method == "alternating-projection":
-        from .packing_projection import check_size
-
+    if settings.method in methods.NO_P:
+        if settings.method == "alternating-projection":
+            from .packing_projection import check_size
+        else:
+            from .packing_search import check_size
         check_size(k, d)
         if precision != "highest":
-            raise ValueError(f"precision={precision!r} does not apply to method='alternating-projection' (it "
-                             "eigendecomposes float64 Gram matrices, not the penalty kernel); use "
-                             "precision='highest'")
+            raise ValueError(f"precision={precision!r} does not apply to method={settings.method!r} (it works on "
+                             "float64 Gram or sign matrices, not the penalty kernel); use precision='highest'")
     projection_steps = val.check_int(projection_steps, "projection_steps", 0)
     if projection_steps:
         from .packing_projection import check_size

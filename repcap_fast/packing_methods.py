@@ -26,6 +26,10 @@ Methods (``METHODS``):
   the Gram matrices with |ĝ_ij| ≤ μ and the tight frames, μ annealed to the best lower bound
   (``repcap_fast.packing_projection``): it reaches equiangular tight frames that the gradient
   methods miss. No p, p_start or lr; k ≤ ``packing_projection.MAX_K``; float64, O(k³) per step.
+* ``"equiangular-search"``: a combinatorial search for the Seidel sign matrix of a real equiangular
+  tight frame (``repcap_fast.packing_search``): where it succeeds, ε* is the Welch bound to rounding.
+  Only for the (k, d) where such a frame can exist, k ≤ ``packing_search.MAX_K``; a step is one
+  sign-flip move, and the search stops at the first frame. No p, p_start or lr.
 
 The active-set polish (any method, ``polish_steps`` > 0): sequential linear programming on the
 pairs near the maximum. Each step linearizes ĝ_ij(x + δ) ≈ ĝ_ij + x̂_j·δ_i + x̂_i·δ_j for the pairs
@@ -50,8 +54,9 @@ import torch
 from . import _validation as val
 from .ops.gram_offdiag_penalty import gram_offdiag_log_penalty, gram_offdiag_max
 
-METHODS = ("paper", "p-continuation", "smooth-max", "riemannian", "minimax", "alternating-projection")
-NO_P = ("alternating-projection",)  # methods without an exponent, a p_start or a learning rate
+METHODS = ("paper", "p-continuation", "smooth-max", "riemannian", "minimax", "alternating-projection",
+           "equiangular-search")
+NO_P = ("alternating-projection", "equiangular-search")  # methods without an exponent, a p_start or a learning rate
 DEFAULT_P_START = 4
 DEFAULT_P_END = 1024
 DEFAULT_POLISH_STEPS = 40
@@ -249,15 +254,19 @@ class RiemannianAdam:
 
 
 def run_optimizer(settings: MethodSettings, X: torch.Tensor, steps: int, lr: float, backend: str, precision: str,
-                  eps_start: float, on_step: Callable[[int, float], None]) -> torch.Tensor:
+                  eps_start: float, on_step: Callable[[int, float], None], seed: int = 0) -> torch.Tensor:
     """Runs the optimizer of a continuation method (every method but "paper") for `steps` steps.
 
     It starts from the unit rows X and calls `on_step(step, objective)` after each step; returns
     the final rows. The steps' kernel runs at `precision`; at a reduced one the objective reported
     for the first and the last step is evaluated again at "highest" (the same rows, before that
-    step's update).
+    step's update). `seed` seeds the sign starts of "equiangular-search".
     """
     method = settings.method
+    if method == "equiangular-search":
+        from .packing_search import equiangular_search
+
+        return equiangular_search(X, steps, seed, on_step)
     if method == "alternating-projection":
         from .capacity import coherence_bound
         from .packing_projection import alternating_projection

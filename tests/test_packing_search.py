@@ -1,0 +1,115 @@
+"""method="equiangular-search": the frames it finds, what it refuses, and what it returns when it finds none."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from repcap_fast import capacity, packing, packing_search
+from repcap_fast.cli import main as cli
+
+# real equiangular tight frames of the issue's list, the fast ones on every seed here (the larger ones,
+# (26, 13) to (36, 15), on one seed below and in bench/packing_known_optima.py)
+SMALL_ETFS = [(4, 3), (6, 3), (10, 5), (14, 7), (16, 6), (18, 9), (5, 4), (9, 8)]
+
+
+def _search(k, d, seed=0, steps=20000, **kwargs):
+    return packing.optimize(k, d, steps=steps, seed=seed, method="equiangular-search", dtype=torch.float64,
+                            progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("k,d", SMALL_ETFS)
+def test_small_frames_are_found_on_every_seed(k, d):
+    welch = capacity.welch_bound(k, d)
+    for seed in (0, 1, 2):
+        res = _search(k, d, seed)
+        assert abs(res.eps_star - welch) < 1e-12, (seed, res.eps_star, welch)
+        assert res.loss_history[-1] == 0 and min(res.loss_history[:-1], default=1) > 0  # stops at the first F = 0
+        assert len(res.loss_history) <= 20000 and res.bound_name == "welch"
+
+
+@pytest.mark.parametrize("k,d", [(26, 13), (28, 7), (30, 15)])
+def test_the_larger_frames_gradient_methods_miss_are_found(k, d):
+    res = _search(k, d, seed=0)
+    assert abs(res.eps_minus_bound) < 1e-12, res.eps_minus_bound
+
+
+def test_the_vectors_are_an_equiangular_tight_frame():
+    k, d = 16, 6
+    x = packing_search.equiangular_search(torch.randn(k, d, dtype=torch.float64), 5000, 0, lambda s, f: None)
+    assert x.shape == (k, d) and x.dtype == torch.float64
+    torch.testing.assert_close(torch.linalg.vector_norm(x, dim=1), torch.ones(k, dtype=torch.float64))
+    g = (x @ x.T).abs()
+    off = g[~torch.eye(k, dtype=torch.bool)]
+    torch.testing.assert_close(off, torch.full_like(off, 1 / 3), atol=1e-13, rtol=0)  # equiangular at Welch
+    torch.testing.assert_close(x.T @ x, (k / d) * torch.eye(d, dtype=torch.float64), atol=1e-12, rtol=0)  # tight
+
+
+def test_the_seidel_matrix_it_finds_satisfies_the_quadratic_and_is_symmetric_under_its_ansatz():
+    # every ansatz's orbits: the sign matrix built from them commutes with the permutation
+    for k, p in [(36, 7), (30, 5), (10, 1), (12, 3)]:
+        labels, n = packing_search.symmetry_orbits(k, p)
+        assert (labels == labels.T).all() and (np.diag(labels) == -1).all()
+        assert sorted(set(labels[labels >= 0].tolist())) == list(range(n))
+        perm = np.arange(k)
+        for c in range(k // p):
+            perm[c * p:(c + 1) * p] = np.roll(np.arange(c * p, (c + 1) * p), -1)
+        assert (labels[np.ix_(perm, perm)] == labels).all()
+    assert packing_search.symmetry_orbits(10, 1)[1] == 45
+
+
+def test_the_result_is_deterministic_and_records_the_method():
+    a, b = _search(18, 9, seed=4), _search(18, 9, seed=4)
+    assert a.loss_history == b.loss_history and a.eps_star == b.eps_star
+    assert (a.method, a.p, a.p_start, a.lr, a.polish_steps) == ("equiangular-search", 1, 1, 0.0, 0)
+    best = _search(14, 7, seed=0, restarts=3)
+    assert len(best.restart_eps_stars) == 3 and max(best.restart_eps_stars) - best.welch < 1e-12
+
+
+def test_when_the_steps_run_out_the_nearest_tight_frame_to_the_best_signs_is_returned():
+    # (36, 15) takes thousands of moves: 30 are not enough, and the result says how far it is
+    res = _search(36, 15, steps=30)
+    assert len(res.loss_history) == 30 and min(res.loss_history) > 0
+    assert math.isfinite(res.eps_star) and 1e-3 < res.eps_minus_bound and res.eps_star < 1
+
+
+@pytest.mark.parametrize("k,d,why", [
+    (9, 5, "not both odd integers"),        # k ≠ 2d, 1/μ = √10: no frame
+    (8, 4, "not 2 mod 4"),                  # no conference matrix of order 8
+    (22, 11, "not a sum of two squares"),   # nor of order 22
+    (7, 2, "Gerzon's bound on equiangular lines in R\\^2"),
+    (7, 5, "Gerzon's bound for the Naimark complement in R\\^2"),
+    (4, 4, "k=4 ≤ d=4"),
+])
+def test_where_no_frame_can_exist_it_refuses_and_says_why(k, d, why):
+    with pytest.raises(ValueError, match=f"none exists for k={k}, d={d}: .*{why}"):
+        _search(k, d)
+
+
+def test_the_necessary_conditions_admit_the_known_frames():
+    for k, d in SMALL_ETFS + [(26, 13), (28, 7), (30, 15), (36, 15), (36, 21), (276, 23), (65, 64)]:
+        assert packing_search.etf_obstruction(k, d) == "", (k, d)
+
+
+def test_settings_that_do_not_apply_and_sizes_beyond_its_limit_are_refused(capsys):
+    method = "equiangular-search"
+    with pytest.raises(ValueError, match="p does not apply to method='equiangular-search'"):
+        packing.optimize(6, 3, steps=5, method=method, p=8)
+    with pytest.raises(ValueError, match="lr does not apply"):
+        packing.optimize(6, 3, steps=5, method=method, lr=0.01)
+    with pytest.raises(ValueError, match="precision='tf32' does not apply to method='equiangular-search'"):
+        packing.optimize(6, 3, steps=5, method=method, precision="tf32")
+    with pytest.raises(ValueError, match="k must be at most 64, got k=76"):  # (76, 19) passes the conditions
+        packing.optimize(76, 19, steps=5, method=method)
+    assert cli(["pack", "--k", "76", "--d", "19", "--method", method, "--no-progress"]) == 2
+    assert "k must be at most 64" in capsys.readouterr().err
+    assert cli(["pack", "--k", "10", "--d", "5", "--steps", "100", "--method", method, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "method=equiangular-search steps=100 no p" in out and "eps* - bound 0.000000" in out
+
+
+def test_a_polish_after_a_failed_search_never_raises_eps():
+    alone = _search(36, 15, steps=30)
+    polished = _search(36, 15, steps=30, projection_steps=100)
+    assert polished.eps_star <= alone.eps_star + 1e-12
