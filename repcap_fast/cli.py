@@ -236,7 +236,7 @@ def _cmd_sweep(args) -> int:
                           seed=args.seed, device=args.device, dtype=args.dtype, backend=args.backend,
                           resume=not args.restart, progress=args.progress, method=args.method,
                           p_start=args.p_start, polish_steps=args.polish_steps, precision=args.precision,
-                          restarts=args.restarts)
+                          restarts=args.restarts, projection_steps=args.projection_steps)
     print(f"{len(cells)} cells in {args.out}")
     for c in cells:
         gap = "n/a" if c["eps_minus_bound"] is None else f"{c['eps_minus_bound']:.5f}"
@@ -367,10 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--p-start", type=int, default=None, help="the first p of the continuation methods (default 4)")
         p.add_argument("--polish-steps", type=int, default=None,
                        help="active-set polish steps after the optimizer (default 40 for minimax, else 0)")
-        if not grid:
-            p.add_argument("--projection-steps", type=int, default=0,
-                           help="alternating-projection polish steps after the optimizer, before the active-set "
-                                "polish (default 0; k <= 4096)")
+        p.add_argument("--projection-steps", type=int, default=0,
+                       help="alternating-projection polish steps after the optimizer, before the active-set "
+                            "polish (default 0; k <= 4096)")
         p.add_argument("--lr", type=float, default=None, help="Adam lr (default 0.005 if d <= 1024 else 0.0025; the "
                        "continuation methods start at twice that and decay to 1%% of their start)")
         p.add_argument("--seed", type=int, default=0)

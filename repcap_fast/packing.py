@@ -507,14 +507,16 @@ def sweep(
     polish_steps: Optional[int] = None,
     precision: str = "highest",
     restarts: int = 1,
+    projection_steps: int = 0,
 ) -> List[dict]:
     """Runs ``optimize`` on every cell (k, d) of a grid and writes each finished cell to `out` at once.
 
     The cells run d outer, k inner; `out` (JSON, or CSV when it ends in .csv) is rewritten
     atomically after each, so a killed sweep loses at most the cell in flight and a resume runs
     only the cells not on disk. Every cell records its method and the method's settings
-    (``method``, ``p_start``, ``p``, ``polish_steps``), steps, seed, dtype, precision and lr, and
-    ε*, the statistics and the losses of its ``PackingResult`` (``repcap_fast.sweep_file.CELL_FIELDS``).
+    (``method``, ``p_start``, ``p``, ``polish_steps``), ``projection_steps``, steps, seed, dtype,
+    precision and lr, and ε*, the statistics and the losses of its ``PackingResult``
+    (``repcap_fast.sweep_file.CELL_FIELDS``).
     One file holds one method and its settings. One sweep at a time writes `out`: it holds an
     exclusive lock (``out.lock``, removed at the end, released if the process dies).
 
@@ -549,6 +551,8 @@ def sweep(
             recorded losses are the exact kernel's at any precision). Defaults to "highest".
         restarts: seeded starts per cell, as in ``optimize`` (each cell records ``restarts`` and
             its ``best_seed``). Defaults to 1.
+        projection_steps: alternating-projection polish steps per cell, as in ``optimize``.
+            Defaults to 0.
 
     Returns:
         List[dict]: the records of the grid's cells, in grid order (d outer, k inner).
@@ -587,19 +591,21 @@ def sweep(
     check = methods.check_method(method, p, p_start, polish_steps, 1, lambda value: check_penalty_p(value, name))
     precision = check_precision(precision, PENALTY_PRECISIONS)
     restarts = _check_restarts(seed, restarts)
-    want = {"method": method, "steps": steps, "seed": seed, "dtype": str(dtype).replace("torch.", ""),
-            "precision": precision, "restarts": restarts, "p": p,
+    projection_steps = val.check_int(projection_steps, "projection_steps", 0)
+    want = {"method": method, "projection_steps": projection_steps, "steps": steps, "seed": seed,
+            "dtype": str(dtype).replace("torch.", ""), "precision": precision, "restarts": restarts, "p": p,
             "p_start": p_start if p_start is None else check.p_start,
             "polish_steps": polish_steps if polish_steps is None else check.polish_steps, "lr": lr}
-    if dtype == torch.float16 or (method == "smooth-max" and precision != "highest"):
+    if dtype == torch.float16 or (method == "smooth-max" and precision != "highest") or (
+            projection_steps and method == "alternating-projection"):
         _check_run(ks[0], ds[0], steps, p, lr, seed, device, dtype, backend, precision, method, p_start,
-                   polish_steps)  # its error
+                   polish_steps, projection_steps)  # its error
     out = val.check_output_file(out, "out")  # its folder created and writable before any work
     group = distributed.resolve_group(group)
     rank, world = (0, 1) if group is None else distributed.rank_and_world(group)
     run = {"steps": steps, "p": p, "lr": lr, "seed": seed, "device": device, "dtype": dtype, "backend": backend,
            "precision": precision, "method": method, "p_start": p_start, "polish_steps": polish_steps,
-           "restarts": restarts}
+           "restarts": restarts, "projection_steps": projection_steps}
     with contextlib.ExitStack() as held:
         # One sweep at a time writes `out` (two would each rewrite it from their own cells): its writer,
         # the process or rank 0, holds its lock throughout; a second sweep is refused at once, on every rank.

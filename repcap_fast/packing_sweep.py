@@ -50,7 +50,7 @@ def _cell_settings(k: int, d: int, want: dict) -> dict:
     settings = methods.check_method(want["method"], want["p"], want["p_start"], want["polish_steps"],
                                     default_p(k, d), int)
     return {"steps": want["steps"], "seed": want["seed"], "dtype": want["dtype"], "precision": want["precision"],
-            "restarts": want["restarts"],
+            "restarts": want["restarts"], "projection_steps": want["projection_steps"],
             "lr": want["lr"] if want["lr"] is not None else methods.default_lr(want["method"], default_lr(d)),
             **settings.to_dict()}
 
@@ -58,11 +58,23 @@ def _cell_settings(k: int, d: int, want: dict) -> dict:
 def _matches(cell: dict, want: dict) -> bool:
     """Whether a finished cell was made with the sweep's settings.
 
-    The settings compared: the method and its settings, steps, seed, restarts, dtype, precision and lr
-    (those not given resolved to their defaults for the cell's (k, d)).
+    The settings compared: the method and its settings, steps, projection_steps, seed, restarts,
+    dtype, precision and lr (those not given resolved to their defaults for the cell's (k, d)).
     """
     expected = _cell_settings(cell["k"], cell["d"], want)
     return all(cell[key] == expected[key] for key in SETTING_KEYS)
+
+
+def _check_method_size(k: int, d: int, want: dict) -> None:
+    """Refuses a cell that the matrix methods (or the projection polish) refuse, before any cell runs."""
+    if want["method"] == "equiangular-search":
+        from .packing_search import check_size
+
+        check_size(k, d)
+    if want["method"] == "alternating-projection" or want["projection_steps"]:
+        from .packing_projection import check_size
+
+        check_size(k, d, "projection_steps" if want["projection_steps"] else "method='alternating-projection'")
 
 
 def run_sweep(ks, ds, out, want, run, resume, progress, on_cell, group, rank, world, optimize: Callable,
@@ -103,8 +115,9 @@ def run_sweep(ks, ds, out, want, run, resume, progress, on_cell, group, rank, wo
     grid = [(k, d) for d in ds for k in ks]
     todo = [cell for cell in grid if cell not in done]
     device = val.check_device(run["device"])
-    for k, d in todo:  # every cell left to run fits in memory, before the first runs (done cells need none)
+    for k, d in todo:  # every cell left to run fits in memory and its method, before the first runs
         check_memory(k, d, run["dtype"], device, resolve_backend(run["backend"], device, "gram_offdiag_penalty"))
+        _check_method_size(k, d, want)
     if group is None and parts:  # a distributed sweep was cut short: its part files join `out` now
         write_cells(out, grid_order(done, grid))
     if group is None:  # (also the temporary file of a rank killed in its first write, with no part file)

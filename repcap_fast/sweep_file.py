@@ -26,19 +26,23 @@ from ._validation import ArgumentTypeError, check_int
 from .capacity import coherence_bound
 from .packing_methods import METHODS
 
-SWEEP_FORMAT = "repcap_fast.packing.sweep/4"
-CELL_FIELDS = ("k", "d", "method", "steps", "p_start", "p", "polish_steps", "lr", "seed", "restarts", "best_seed",
-               "dtype", "precision", "eps_star", "eps_star_init", "mean", "std", "mu_plus_2sigma", "welch",
-               "eps_over_welch", "eps_minus_welch", "bound", "bound_name", "eps_minus_bound", "loss_init",
-               "loss_final")
+SWEEP_FORMAT = "repcap_fast.packing.sweep/5"
+CELL_FIELDS = ("k", "d", "method", "steps", "p_start", "p", "polish_steps", "projection_steps", "lr", "seed",
+               "restarts", "best_seed", "dtype", "precision", "eps_star", "eps_star_init", "mean", "std",
+               "mu_plus_2sigma", "welch", "eps_over_welch", "eps_minus_welch", "bound", "bound_name",
+               "eps_minus_bound", "loss_init", "loss_final")
 # A cell is reused on resume only when these match the sweep's settings.
-SETTING_KEYS = ("method", "steps", "p_start", "p", "polish_steps", "seed", "restarts", "dtype", "precision", "lr")
+SETTING_KEYS = ("method", "steps", "p_start", "p", "polish_steps", "projection_steps", "seed", "restarts", "dtype",
+                "precision", "lr")
 _CERTIFICATE_FIELDS = ("bound", "bound_name", "eps_minus_bound")
+# Version 4 had no alternating-projection polish: its cells are read with projection_steps 0.
+SWEEP_FORMAT_V4 = "repcap_fast.packing.sweep/4"
+_V4_FIELDS = tuple(f for f in CELL_FIELDS if f != "projection_steps")
 _NEW_IN_V4 = ("restarts", "best_seed") + _CERTIFICATE_FIELDS
 # Version 3 had no restarts (one start: restarts 1, best_seed its seed) and no certificate
 # (capacity.coherence_bound of its k and d): they are filled in on reading.
 SWEEP_FORMAT_V3 = "repcap_fast.packing.sweep/3"
-_V3_FIELDS = tuple(f for f in CELL_FIELDS if f not in _NEW_IN_V4)
+_V3_FIELDS = tuple(f for f in _V4_FIELDS if f not in _NEW_IN_V4)
 # Version 2 had no precision: its steps all ran at "highest", and its cells are read as such.
 SWEEP_FORMAT_V2 = "repcap_fast.packing.sweep/2"
 _V2_FIELDS = tuple(f for f in _V3_FIELDS if f != "precision")
@@ -48,7 +52,7 @@ SWEEP_FORMAT_V1 = "repcap_fast.packing.sweep/1"
 _V1_FIELDS = ("k", "d", "steps", "p", "lr", "seed", "dtype", "eps_star", "eps_star_init",
               "mean", "std", "mu_plus_2sigma", "welch", "eps_over_welch", "eps_minus_welch",
               "loss_init", "loss_final")
-_OLD_FORMATS = (SWEEP_FORMAT_V3, SWEEP_FORMAT_V2, SWEEP_FORMAT_V1)
+_OLD_FORMATS = (SWEEP_FORMAT_V4, SWEEP_FORMAT_V3, SWEEP_FORMAT_V2, SWEEP_FORMAT_V1)
 
 
 def _certificate(k, d, eps_star) -> dict:
@@ -59,17 +63,19 @@ def _certificate(k, d, eps_star) -> dict:
 
 
 def _upgrade(cell):
-    """A version-1, -2 or -3 record as a version-4 one.
+    """A version-1 to -4 record as a version-5 one.
 
     Version 1's cells get method "paper", p_start = p and no polish; versions 1 and 2 get
-    precision "highest"; all get restarts 1, best_seed their seed and the certificate of their k
-    and d. (A record that is not a dict,
+    precision "highest"; versions 1 to 3 get restarts 1, best_seed their seed and the certificate
+    of their k and d; all get projection_steps 0. (A record that is not a dict,
     already has the fields, or whose k or d is not a valid int is returned as it is, or without
     the certificate, for _check_cell to judge.)
     """
-    if not isinstance(cell, dict) or all(key in cell for key in ("method", "precision", *_NEW_IN_V4)):
+    if not isinstance(cell, dict) or all(key in cell for key in ("method", "precision", "projection_steps",
+                                                                  *_NEW_IN_V4)):
         return cell
     out = dict(cell)
+    out.setdefault("projection_steps", 0)
     if "method" not in cell:
         out.update(method="paper", p_start=cell.get("p"), polish_steps=0)
     out.setdefault("precision", "highest")
@@ -82,8 +88,8 @@ def _upgrade(cell):
     return out
 
 
-_INT_FIELDS = {"k": 1, "d": 1, "steps": 1, "p_start": 1, "p": 1, "polish_steps": 0, "seed": 0, "restarts": 1,
-               "best_seed": 0}  # least values
+_INT_FIELDS = {"k": 1, "d": 1, "steps": 1, "p_start": 1, "p": 1, "polish_steps": 0, "projection_steps": 0, "seed": 0,
+               "restarts": 1, "best_seed": 0}  # least values
 _STR_FIELDS = ("method", "dtype", "precision", "bound_name")
 _FLOAT_FIELDS = tuple(f for f in CELL_FIELDS if f not in _INT_FIELDS and f not in _STR_FIELDS)  # or None
 # Maxima of |cosines|, in [0, 1] (up to the float32 rounding of a cosine: a few ulps above 1), or NaN/null.
@@ -95,7 +101,8 @@ _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, as some editors save: read pa
 _MAX_INT = 2**63 - 1  # seeds reach it; k, d, steps and p far below (floats hold them for the fit)
 
 
-_CSV_HEADERS = (CELL_FIELDS, _V3_FIELDS, _V2_FIELDS, _V1_FIELDS)  # a CSV sweep file's header row names its version
+# a CSV sweep file's header row names its version
+_CSV_HEADERS = (CELL_FIELDS, _V4_FIELDS, _V3_FIELDS, _V2_FIELDS, _V1_FIELDS)
 
 
 def _not_sweep(path: str, why: str) -> ValueError:

@@ -188,7 +188,7 @@ def test_old_module_constants_keep_their_values():
     assert penalty.MAX_P == 1 << 30 and penalty.check_p(30.0) == 30
     with pytest.raises(ValueError, match="1073741824"):
         penalty.check_p((1 << 30) + 1)
-    assert rf.packing.SWEEP_FORMAT == "repcap_fast.packing.sweep/4"  # /1, /2 and /3 files are still read
+    assert rf.packing.SWEEP_FORMAT == "repcap_fast.packing.sweep/5"  # /1 to /4 files are still read
 
 
 @pytest.mark.parametrize("module,name,new", [

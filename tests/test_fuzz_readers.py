@@ -354,8 +354,8 @@ def sharded_dir(directory):
 
 def cell(k, d, eps=0.25):
     rec = {key: 0.5 for key in CELL_FIELDS}
-    rec.update(k=k, d=d, method="paper", steps=10, p_start=3, p=3, polish_steps=0, seed=0, dtype="float32",
-               precision="highest", lr=0.005, eps_star=eps, eps_over_welch=None, bound_name="welch",
+    rec.update(k=k, d=d, method="paper", steps=10, p_start=3, p=3, polish_steps=0, projection_steps=0, seed=0,
+               dtype="float32", precision="highest", lr=0.005, eps_star=eps, eps_over_welch=None, bound_name="welch",
                restarts=1, best_seed=0)
     return rec
 

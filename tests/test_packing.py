@@ -179,7 +179,7 @@ def test_sweep_records_the_precision_and_a_resume_never_mixes_them(tmp_path):
     out = tmp_path / "s.json"
     cells = packing.sweep([20, 30], [4], out, steps=10, precision="bf16", progress=False)
     assert [c["precision"] for c in cells] == ["bf16", "bf16"]
-    assert json.loads(out.read_text())["format"] == "repcap_fast.packing.sweep/4"
+    assert json.loads(out.read_text())["format"] == "repcap_fast.packing.sweep/5"
     assert packing.sweep([20, 30], [4], out, steps=10, precision="bf16", progress=False) == cells  # resumed
     with pytest.raises(ValueError, match=r"other settings .*'precision': 'bf16'.*'precision': 'highest'"):
         packing.sweep([20, 30, 45], [4], out, steps=10, progress=False)
@@ -188,11 +188,11 @@ def test_sweep_records_the_precision_and_a_resume_never_mixes_them(tmp_path):
                       progress=False)
     assert not (tmp_path / "t.json").exists()
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"format": "repcap_fast.packing.sweep/4", "cells": [dict(cells[0], precision="fp8")]}))
+    bad.write_text(json.dumps({"format": "repcap_fast.packing.sweep/5", "cells": [dict(cells[0], precision="fp8")]}))
     with pytest.raises(ValueError, match="precision is 'fp8', not one of highest, tf32, bf16"):
         packing.load_cells(bad)
     missing = {key: value for key, value in cells[0].items() if key != "precision"}
-    bad.write_text(json.dumps({"format": "repcap_fast.packing.sweep/4", "cells": [missing]}))
+    bad.write_text(json.dumps({"format": "repcap_fast.packing.sweep/5", "cells": [missing]}))
     with pytest.raises(ValueError, match="has no precision"):
         packing.load_cells(bad)
 

@@ -111,3 +111,26 @@ def test_beyond_the_exact_projection_the_subspace_iteration_reaches_the_frames_t
         gaps = [packing.optimize(k, d, steps=600, seed=seed, method="alternating-projection", dtype=torch.float64,
                                  progress=False).eps_minus_bound for seed in (0, 1, 2)]
         assert min(gaps) >= -1e-12 and sum(gap < 1e-4 for gap in gaps) >= 2, (k, d, gaps)
+
+
+def test_sweeps_take_the_projection_polish_record_it_and_never_mix_it(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    kwargs = dict(steps=300, method="minimax", dtype=torch.float64, progress=False)
+    cells = packing.sweep([16], [6], out, projection_steps=400, **kwargs)
+    alone = packing.optimize(16, 6, projection_steps=400, **kwargs)
+    assert cells[0]["projection_steps"] == 400 and cells[0]["eps_star"] == alone.eps_star
+    assert packing.load_cells(out) == cells and packing.sweep([16], [6], out, projection_steps=400, **kwargs) == cells
+    with pytest.raises(ValueError, match=r"other settings .*'projection_steps': 400.*'projection_steps': 0"):
+        packing.sweep([16], [6], out, **kwargs)
+    with pytest.raises(ValueError, match="projection_steps must be >= 0"):
+        packing.sweep([16], [6], tmp_path / "t.json", projection_steps=-1, **kwargs)
+    with pytest.raises(ValueError, match="method='alternating-projection' already is that iteration"):
+        packing.sweep([16], [6], tmp_path / "t.json", steps=5, method="alternating-projection", projection_steps=5,
+                      progress=False)
+    # a cell beyond the polish's limit is refused before any cell runs
+    with pytest.raises(ValueError, match="projection_steps holds k×k Gram.*got k=5000"):
+        packing.sweep([16, 5000], [6], tmp_path / "u.json", steps=5, projection_steps=5, progress=False)
+    assert not (tmp_path / "u.json").exists()  # (16, 6) did not run first
+    assert cli(["sweep", "--ks", "10", "--ds", "5", "--steps", "100", "--method", "riemannian",
+                "--projection-steps", "50", "--out", str(tmp_path / "v.json"), "--no-progress"]) == 0
+    assert packing.load_cells(tmp_path / "v.json")[0]["projection_steps"] == 50

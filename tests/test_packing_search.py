@@ -113,3 +113,13 @@ def test_a_polish_after_a_failed_search_never_raises_eps():
     alone = _search(36, 15, steps=30)
     polished = _search(36, 15, steps=30, projection_steps=100)
     assert polished.eps_star <= alone.eps_star + 1e-12
+
+
+def test_a_sweep_refuses_a_cell_without_a_frame_before_any_cell_runs(tmp_path):
+    out = tmp_path / "s.json"
+    with pytest.raises(ValueError, match="none exists for k=11, d=5"):
+        packing.sweep([10, 11], [5], out, steps=200, method="equiangular-search", progress=False)
+    assert not out.exists()  # (10, 5) did not run first
+    cells = packing.sweep([10], [5], out, steps=200, method="equiangular-search", dtype=torch.float64,
+                          progress=False)
+    assert cells[0]["method"] == "equiangular-search" and abs(cells[0]["eps_minus_bound"]) < 1e-12
