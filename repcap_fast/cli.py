@@ -208,6 +208,7 @@ def _cmd_pack(args) -> int:
                            **({} if res.method == "paper" else
                               {"ylabel": "smooth-max objective (T·ln Σ exp(|ĝ|/T))" if res.method == "smooth-max"
                                else "ε* of each step's packing" if res.method == "alternating-projection"
+                               else "‖S² − aS − bI‖² of each step's signs" if res.method == "equiangular-search"
                                else "(1/p)·ln Σ|ĝ|^p (log of a smooth max of |ĝ|)", "log_scale": False}))
         print(f"wrote       {args.plot}")
     return 0

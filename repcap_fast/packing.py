@@ -108,8 +108,8 @@ def optimize(
     Args:
         k: the number of vectors, an int ≥ 2.
         d: their dimension, an int ≥ 1.
-        steps: optimizer steps, ≥ 1 (for "equiangular-search" sign-flip moves, at most: it stops
-            at the first frame). Defaults to 5000.
+        steps: optimizer steps, ≥ 1 (for "equiangular-search" sign matrices evaluated, at most:
+            it stops at the first frame). Defaults to 5000.
         p: for "paper" the fixed exponent (default ``default_p(k, d)``); for the other methods the
             last p of the continuation (default ``packing_methods.DEFAULT_P_END``, 1024). At most
             the kernels' limit on a kernel backend.

@@ -74,7 +74,8 @@ class PackingResult:
     Attributes:
         k (int): the number of vectors.
         d (int): their dimension.
-        steps (int): optimizer steps run.
+        steps (int): optimizer steps run (for "equiangular-search" its budget: it stops at the
+            first frame, after len(loss_history) steps).
         p (int): the fixed p of "paper"; the last p (or sharpness) of the continuation methods;
             1 for "alternating-projection" (no exponent).
         lr (float): the (first) learning rate (0 for "alternating-projection").
@@ -92,12 +93,14 @@ class PackingResult:
             (``capacity.coherence_bound``: Welch of orders 1–4, orthoplex, Levenstein); ε* − bound
             (``eps_minus_bound``) is how far from optimal the packing can be at most.
         bound_name (str): which bound that is ("welch", "welch-2", …, "orthoplex", "levenstein").
-        loss_init (float): the objective of the first step, from the exact kernel ("highest").
-        loss_final (float): the objective of the last step, from the exact kernel.
+        loss_init (float): the objective of the first step, from the exact kernel ("highest"; for
+            the two matrix methods, their own float64 value).
+        loss_final (float): the objective of the last step, likewise.
         loss_history (List[float]): the objective each step evaluated (before its update):
             Σ|ĝ|^p for "paper", (1/p)·ln Σ|ĝ|^p at that step's p for "p-continuation",
             "riemannian" and "minimax", the log-sum-exp for "smooth-max", ε* of the step's
-            packing for "alternating-projection" (after the step; the result keeps the best one);
+            packing for "alternating-projection" (after the step; the result keeps the best one),
+            the integer F = ‖S² − aS − bI‖²_F of the step's sign matrix for "equiangular-search";
             at the steps' `precision`, except the first and last entries (``loss_init``,
             ``loss_final``).
         seconds (float): the run's wall time.

@@ -10,9 +10,10 @@ So the frame exists exactly when a sign matrix S satisfies
 
 and the search looks for one: a tabu search over the signs that minimizes the integer objective
 F(S) = ‖S² − aS − bI‖²_F, which is 0 exactly at an ETF. A move flips one sign (both s_ij and s_ji).
-Each step evaluates F of the current signs, stops the search if it is 0, and otherwise makes the best
-move that is not tabu: a move stays tabu for n·TENURE_FRACTION (+ 0 to 2) moves after it was made, n
-the number of possible moves, unless it reaches a new best F. The vectors are then the top-d
+Each step evaluates F of the current signs (a step, whether or not a move follows), stops the search
+if it is 0, and otherwise makes the best move that is not tabu: after a move, the same move is tabu
+for the next t − 1 moves, t = max(1, ⌊n·TENURE_FRACTION⌋) + (0, 1 or 2 at random), n the number of
+possible moves, unless it reaches a new best F. The vectors are then the top-d
 eigenvectors of G scaled by √(k/d): their cosines are ±μ to rounding.
 
 Where plain sign flips stall (the conference frames (30, 15), and (36, 15)), a symmetry ansatz makes
@@ -27,8 +28,9 @@ Not every (k, d) has a real ETF. The search refuses the (k, d) where none can ex
 conditions of Sustik, Tropp, Dhillon and Heath (2007): k ≤ d(d+1)/2 and the same for the Naimark
 complement (k, k − d); for k ≠ 2d and 1 < d < k − 1, 1/μ and λ1 odd integers; for k = 2d, k ≡ 2 mod 4
 and k − 1 a sum of two squares). Where the conditions hold but the search ends without F = 0 (too few
-`steps`, or no such frame), it returns the nearest tight frame to the best sign matrix it saw: the
-certificate gap of the result says how far that is from the optimum. Each move evaluates every orbit
+`steps`, or no such frame), it returns the rows of the nearest tight frame to the best sign matrix it
+saw, normalized (so no longer exactly tight): the certificate gap of the result says how far that is
+from the optimum. Each move evaluates every orbit
 flip with k×k products: the search refuses k > MAX_K.
 """
 
@@ -42,7 +44,7 @@ import torch
 
 MAX_K = 64  # per move: n orbit flips × k³ products (n ≤ k(k−1)/2)
 BASE_SLICE = 200  # moves of each ansatz in the first round; doubled every round
-TENURE_FRACTION = 1 / 6  # a flipped orbit stays tabu for n·TENURE_FRACTION (+0…2) moves, n the orbits
+TENURE_FRACTION = 1 / 6  # a flipped orbit is tabu for the next t − 1 moves, t = max(1, ⌊n/6⌋) + 0…2
 
 
 def seidel_spectrum(k: int, d: int) -> Tuple[float, float, float]:
@@ -169,13 +171,13 @@ def equiangular_search(X: torch.Tensor, steps: int, seed: int, on_step: Callable
     Args:
         X: the k×d seeded random start (unit rows); its rows replace any row the returned frame
             leaves out (only when no ETF was found).
-        steps: sign-flip moves in all, ≥ 1.
+        steps: sign matrices evaluated in all, ≥ 1 (a move follows each but the last).
         seed: seeds the sign starts of the portfolio (numpy's default_rng).
         on_step: called as on_step(step, F) for each move, F = ‖S² − aS − bI‖²_F at its start.
 
     Returns:
         torch.Tensor: k×d unit rows (float64, on X's device): the ETF when F reached 0, else the
-        nearest tight frame to the best sign matrix seen.
+        rows of the nearest tight frame to the best sign matrix seen, normalized.
     """
     k, d = X.shape
     check_size(k, d)
