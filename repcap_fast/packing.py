@@ -5,8 +5,8 @@ through the streaming penalty kernel (``gram_offdiag_penalty``, never k×k). ``s
 (k, d) grid and writes every finished cell at once, so an interrupted sweep resumes where it
 stopped. ``fitting.fit`` then fits the constants of the capacity formulas to ε*; sweep files are
 repcap_fast.sweep_file. ``PackingResult``, ``default_lr`` and ``default_p`` live in
-repcap_fast.packing_result and the sweep's cell loop in repcap_fast.packing_sweep; all are served
-from here.
+repcap_fast.packing_result, the sweep's cell loop in repcap_fast.packing_sweep and the polishes
+after a method in repcap_fast.packing_polish; the first three are served from here.
 
 Vectors are the rows of a k×d matrix here; the paper's code stores them as the columns of d×k.
 """
@@ -36,6 +36,7 @@ from .ops.gram_offdiag_penalty import (
 from .ops.pairwise_cosine_stats import pairwise_cosine_stats
 from .packing_memory import check_memory
 from .packing_methods import METHODS, NO_P, MethodSettings, PackingDiverged  # noqa: F401  method= names; optimize raises
+from .packing_polish import polishes
 from .packing_result import PackingResult, default_lr, default_p
 from .packing_sweep import run_sweep
 from .sweep_file import (  # noqa: F401  the sweep file's names, also served from here (packing.SWEEP_FORMAT, ...)
@@ -205,7 +206,7 @@ def optimize(
             losses[step] = _exact_loss(X.detach(), run) if _reports_exact(run, step) else loss.detach()
             opt.step()
             bar.update(1)
-    X, histories = _polishes(run, X.detach(), progress)
+    X, histories = polishes(run, X.detach(), progress, _PROGRESS_FLOPS)
     return _packing_result(run, eps_init, X, losses.cpu().tolist(), start, *histories)
 
 
@@ -263,52 +264,8 @@ def _optimize_with_method(run: _Run, progress) -> PackingResult:
             raise PackingDiverged(f"packing diverged at step {len(history)}: the vectors became NaN/Inf "
                                   f"({run.dtype}, lr={run.lr}, method={run.settings.method}); try a smaller lr or "
                                   "float64") from exc
-    X, histories = _polishes(run, X, progress)
+    X, histories = polishes(run, X, progress, _PROGRESS_FLOPS)
     return _packing_result(run, eps_init, X.to(run.dtype), history, start, *histories)
-
-
-def _polishes(run: _Run, X: torch.Tensor, progress):
-    """The alternating-projection polish, then the active-set polish, each when asked for.
-
-    Returns the polished rows (X's device and dtype) and the two histories (ε* after each step).
-    """
-    projection_history: List[float] = []
-    polish_history: List[float] = []
-    if run.projection_steps:
-        X = _projection_polish(run, X, progress, projection_history)
-    if run.settings.polish_steps:
-        X = _polish(run, X, progress, polish_history)
-    return X, (polish_history, projection_history)
-
-
-def _projection_polish(run: _Run, X: torch.Tensor, progress, history: List[float]) -> torch.Tensor:
-    """The alternating-projection polish (float64, on X's device) from the rows X, μ annealed from their ε*."""
-    from .packing_projection import alternating_projection, coherence
-
-    with progress_bar(progress, total=run.projection_steps, desc=f"projection polish k={run.k} d={run.d}",
-                      unit="step", work=float(run.k) ** 3 * run.projection_steps, auto_above=_PROGRESS_FLOPS) as bar:
-        def on_step(step, eps):
-            history.append(eps)
-            bar.update(1)
-
-        x = X.detach().to(torch.float64)
-        x = x / torch.linalg.vector_norm(x, dim=1, keepdim=True)
-        polished = alternating_projection(x, run.projection_steps, capacity.coherence_bound(run.k, run.d)[0],
-                                          on_step, mu_start=coherence(x))
-    return polished.to(device=X.device, dtype=X.dtype)
-
-
-def _polish(run: _Run, X: torch.Tensor, progress, polish_history: List[float]) -> torch.Tensor:
-    """The active-set polish of packing_methods (float64, CPU), returned on X's device and dtype."""
-    with progress_bar(progress, total=run.settings.polish_steps, desc=f"polish k={run.k} d={run.d}", unit="LP",
-                      work=4.0 * run.k * run.k * run.d * run.settings.polish_steps,
-                      auto_above=_PROGRESS_FLOPS) as bar:
-        def on_step(step, eps):
-            polish_history.append(eps)
-            bar.update(1)
-
-        polished = methods.polish(X, run.settings.polish_steps, on_step)
-    return polished.to(device=X.device, dtype=X.dtype)
 
 
 @dataclass(frozen=True)
@@ -352,22 +309,14 @@ def _check_run(k, d, steps, p, lr, seed, device, dtype, backend, precision, meth
     lr = methods.default_lr(settings.method, default_lr(d)) if lr is None else val.check_positive_float(lr, "lr")
     precision = check_precision(precision, PENALTY_PRECISIONS)
     if settings.method in methods.NO_P:
-        if settings.method == "alternating-projection":
-            from .packing_projection import check_size
-        else:
-            from .packing_search import check_size
-        check_size(k, d)
         if precision != "highest":
             raise ValueError(f"precision={precision!r} does not apply to method={settings.method!r} (it works on "
                              "float64 Gram or sign matrices, not the penalty kernel); use precision='highest'")
     projection_steps = val.check_int(projection_steps, "projection_steps", 0)
-    if projection_steps:
-        from .packing_projection import check_size
-
-        if settings.method == "alternating-projection":
-            raise ValueError("projection_steps is the alternating-projection polish after the other methods; "
-                             "method='alternating-projection' already is that iteration (give it more steps)")
-        check_size(k, d, "projection_steps")
+    if projection_steps and settings.method == "alternating-projection":
+        raise ValueError("projection_steps is the alternating-projection polish after the other methods; "
+                         "method='alternating-projection' already is that iteration (give it more steps)")
+    methods.check_sizes(settings.method, k, d, projection_steps)
     check_memory(k, d, dtype, device, backend)  # before any allocation
     if settings.method == "smooth-max" and precision != "highest":
         raise ValueError(f"precision={precision!r} does not apply to method='smooth-max' (its objective is streamed "

@@ -143,6 +143,27 @@ def check_method(method, p: Optional[int], p_start, polish_steps, paper_p: int, 
     return MethodSettings(method, start, p_end, polish)
 
 
+def check_sizes(method: str, k: int, d: int, projection_steps: int = 0) -> None:
+    """Refuses a (k, d) that `method` or the alternating-projection polish cannot run, before anything runs.
+
+    The matrix methods (alternating projection, the equiangular search) and the polish have size
+    limits (and the search needs a (k, d) where a real equiangular tight frame can exist); the
+    other methods have none here.
+    """
+    if method == "alternating-projection":
+        from .packing_projection import check_size
+
+        check_size(k, d)
+    elif method == "equiangular-search":
+        from .packing_search import check_size as check_search_size
+
+        check_search_size(k, d)
+    if projection_steps:
+        from .packing_projection import check_size
+
+        check_size(k, d, "projection_steps")
+
+
 def default_lr(method: str, paper_lr: float) -> float:
     """The learning rate of `method` when none is given.
 

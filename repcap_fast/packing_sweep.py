@@ -65,18 +65,6 @@ def _matches(cell: dict, want: dict) -> bool:
     return all(cell[key] == expected[key] for key in SETTING_KEYS)
 
 
-def _check_method_size(k: int, d: int, want: dict) -> None:
-    """Refuses a cell that the matrix methods (or the projection polish) refuse, before any cell runs."""
-    if want["method"] == "equiangular-search":
-        from .packing_search import check_size
-
-        check_size(k, d)
-    if want["method"] == "alternating-projection" or want["projection_steps"]:
-        from .packing_projection import check_size
-
-        check_size(k, d, "projection_steps" if want["projection_steps"] else "method='alternating-projection'")
-
-
 def run_sweep(ks, ds, out, want, run, resume, progress, on_cell, group, rank, world, optimize: Callable,
               write_cells: Callable) -> List[dict]:
     """The sweep of ``packing.sweep``, its arguments checked and `out` locked.
@@ -117,7 +105,7 @@ def run_sweep(ks, ds, out, want, run, resume, progress, on_cell, group, rank, wo
     device = val.check_device(run["device"])
     for k, d in todo:  # every cell left to run fits in memory and its method, before the first runs
         check_memory(k, d, run["dtype"], device, resolve_backend(run["backend"], device, "gram_offdiag_penalty"))
-        _check_method_size(k, d, want)
+        methods.check_sizes(want["method"], k, d, want["projection_steps"])
     if group is None and parts:  # a distributed sweep was cut short: its part files join `out` now
         write_cells(out, grid_order(done, grid))
     if group is None:  # (also the temporary file of a rank killed in its first write, with no part file)
