@@ -58,11 +58,14 @@ def as_int(value, name: str, integral_real: bool = False) -> int:
     if isinstance(value, (float, np.floating)):
         if not integral_real:
             raise ArgumentTypeError(f"{name} must be an integer, got {_kind(shown)} {shown!r}")
-        if not math.isfinite(float(value)):
+        # In value's own type (a long double 8 + 2^-60 is not 8); Python floats through math,
+        # which torch.compile traces as constants.
+        finite = math.isfinite(value) if isinstance(value, float) else bool(np.isfinite(value))
+        if not finite:
             raise ValueError(f"{name} must be a finite integer, got {float(value)}")
-        if float(value) != math.floor(float(value)):
-            raise ValueError(f"{name} must be an integer (it is never truncated), got {float(value)!r}")
-        return int(float(value))
+        if not (value.is_integer() if isinstance(value, float) else bool(value == np.floor(value))):
+            raise ValueError(f"{name} must be an integer (it is never truncated), got {value!r}")
+        return int(value)  # exact for every integral float (a long double too)
     raise ArgumentTypeError(f"{name} must be an integer, got {_kind(shown)} {shown!r}")
 
 

@@ -359,11 +359,17 @@ def _k_d(k, d, least_k: float):
     return k, d
 
 
-def _log_binom(n, r):
-    """The natural log of binom(n, r), through gammaln (no overflow)."""
-    from scipy.special import gammaln
+def _orders(order) -> np.ndarray:
+    """Welch orders as a float64 array of integers >= 1, each checked for integrality in its own type.
 
-    return gammaln(n + 1.0) - gammaln(r + 1.0) - gammaln(n - r + 1.0)
+    A numpy long double such as 8 + 2^-60 is refused, not rounded to 8 by a float64 conversion.
+    """
+    t = _reals(order, "order")  # refuses what is not real numbers
+    raw = np.asarray(order.detach().cpu().numpy() if isinstance(order, torch.Tensor) else order)
+    integral = raw.dtype.kind in "iu" or bool(np.all(raw == np.floor(raw)))  # in raw's own precision
+    if np.any(t < 1) or not integral:
+        raise ValueError(f"welch_bound needs an integer order >= 1, got order={order!r}")
+    return t
 
 
 def welch_bound(k, d, order=1):
@@ -392,15 +398,12 @@ def welch_bound(k, d, order=1):
         0.3621
     """
     k, d = _k_d(k, d, 2.0)
-    t = _reals(order, "order")
-    if np.any(t < 1) or np.any(t != np.floor(t)):
-        raise ValueError(f"welch_bound needs an integer order >= 1, got order={order!r}")
+    t = _orders(order)
     from scipy.special import comb
 
     with np.errstate(over="ignore"):
-        binom = comb(d + t - 1.0, t)  # exact-ish in float64; log form where it overflows
-    ratio = np.where(np.isfinite(binom), k / binom, np.exp(np.log(k) - _log_binom(d + t - 1.0, t)))
-    rhs = np.maximum((ratio - 1.0) / (k - 1.0), 0.0)
+        binom = comb(d + t - 1.0, t)  # float64; inf only beyond 1.8e308 > k, where the bound is 0
+    rhs = np.maximum((k / binom - 1.0) / (k - 1.0), 0.0)
     return _out(rhs ** (1.0 / (2.0 * t)))
 
 
@@ -426,7 +429,8 @@ def orthoplex_bound(k, d):
         0.3162
     """
     k, d = _k_d(k, d, 0.0)
-    return _out(np.where(k > d * (d + 1) / 2.0, 1.0 / np.sqrt(d), 0.0))
+    with np.errstate(over="ignore"):  # d(d+1)/2 = inf beyond d ≈ 1.9e154: the bound is 0 there
+        return _out(np.where(k > d * (d + 1) / 2.0, 1.0 / np.sqrt(d), 0.0))
 
 
 def levenstein_bound(k, d):
@@ -455,9 +459,12 @@ def levenstein_bound(k, d):
         (0.7071, 0.7666)
     """
     k, d = _k_d(k, d, 0.0)
-    applies = k > d * (d + 1) / 2.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        square = (3.0 * k - d * d - 2.0 * d) / ((d + 2.0) * (k - d))
+    with np.errstate(over="ignore"):
+        applies = k > d * (d + 1) / 2.0  # d(d+1)/2 = inf beyond d ≈ 1.9e154: never applies there
+    # (3k − d² − 2d)/((d + 2)(k − d)) divided through by k, so that no term overflows where it applies
+    # (3k alone passes 1.8e308 for k > 6e307); where it does not apply the value is not used.
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        square = (3.0 - d * ((d + 2.0) / k)) / ((d + 2.0) * (1.0 - d / k))
     return _out(np.where(applies, np.sqrt(np.maximum(np.where(applies, square, 0.0), 0.0)), 0.0))
 
 
@@ -491,14 +498,64 @@ def coherence_bound(k, d, max_order=4) -> tuple:
         >>> bound, name = rf.capacity.coherence_bound(100, 3); round(bound, 4), name
         (0.7666, 'levenstein')
     """
-    max_order = val.check_int(max_order, "max_order", 1)
     for value, what in ((k, "k"), (d, "d")):
         if np.ndim(_reals(value, what)) != 0:
             raise ValueError(f"coherence_bound takes one k and one d, got {what} with shape {np.shape(value)}")
-    named = [(float(welch_bound(k, d, t)), "welch" if t == 1 else f"welch-{t}") for t in range(1, max_order + 1)]
-    named += [(float(orthoplex_bound(k, d)), "orthoplex"), (float(levenstein_bound(k, d)), "levenstein")]
+    welch = _welch_orders(k, d, max_order)
+    order = int(np.argmax(welch))  # the first of equal maxima
+    named = [(float(welch[order]), "welch" if order == 0 else f"welch-{order + 1}"),
+             (float(orthoplex_bound(k, d)), "orthoplex"), (float(levenstein_bound(k, d)), "levenstein")]
+    _check_finite([value for value, _ in named], k, d)
     best = max(value for value, _ in named)
     return best, next(name for value, name in named if value == best)
+
+
+MAX_WELCH_ORDERS = 1_000_000
+"""The most Welch orders that ``coherence_bound`` and ``coherence_floor`` evaluate for one (k, d)."""
+
+
+def _welch_orders(k, d, max_order) -> np.ndarray:
+    """The Welch bounds of orders 1 … T, stacked on a new first axis, with T ≤ max_order.
+
+    binom(d+t−1, t) grows with t for d > 1, and from the first order t* where it reaches k every
+    higher order's bound is 0: T = min(max_order, t* − 1) (at least 1), t* found by bisection, so
+    a huge max_order costs nothing where the orders run out. For d = 1 every order gives 1, the
+    largest value a bound can take, so order 1 suffices. A (k, d) that would need more than
+    MAX_WELCH_ORDERS orders is refused, naming max_order.
+    """
+    max_order = val.check_int(max_order, "max_order", 1)
+    k, d = _k_d(k, d, 2.0)
+    k, d = np.broadcast_arrays(k, d)
+    from scipy.special import binom
+
+    def reaches_k(t):  # binom(d+t−1, t) ≥ k, with the smaller of t and d − 1 below (exact for huge t)
+        with np.errstate(over="ignore"):
+            return binom(d + t - 1.0, np.minimum(t, d - 1.0)) >= k
+
+    lo, hi = np.ones(k.shape), np.full(k.shape, float(max_order))  # t* in (lo, hi], or hi when no order reaches k
+    lo = np.where(reaches_k(lo), 0.0, lo)
+    for _ in range(70):  # float64 bisection over integers up to 2^63
+        mid = np.floor((lo + hi) / 2.0)
+        step = hi - lo > 1
+        if not np.any(step):
+            break
+        hit = reaches_k(np.maximum(mid, 1.0))
+        hi = np.where(step & hit, mid, hi)
+        lo = np.where(step & ~hit, mid, lo)
+    needed = np.where(d == 1.0, 1.0, np.where(reaches_k(hi), hi - 1.0, hi))
+    count = int(max(1.0, float(np.max(needed))))
+    if count > MAX_WELCH_ORDERS:
+        raise ValueError(f"max_order={max_order} would need the Welch bounds of {count} orders for k={k.max():g}, "
+                         f"d={d.min():g} (each order below that can still raise the bound); at most "
+                         f"{MAX_WELCH_ORDERS} are evaluated: pass max_order <= {MAX_WELCH_ORDERS}")
+    orders = np.arange(1.0, count + 1.0).reshape((count,) + (1,) * k.ndim)
+    return np.asarray(welch_bound(k, d, orders))
+
+
+def _check_finite(values, k, d) -> None:
+    """Refuses a NaN or infinite bound, so that no bound is ever chosen over one (a bug if it happens)."""
+    if not np.all(np.isfinite(np.asarray(values, dtype=np.float64))):
+        raise FloatingPointError(f"a coherence bound of k={k!r}, d={d!r} is not finite: {values!r}; please report it")
 
 
 def coherence_floor(k, d, max_order=4):
@@ -523,10 +580,10 @@ def coherence_floor(k, d, max_order=4):
         >>> round(rf.capacity.coherence_floor(100, 10), 4)
         0.3162
     """
-    max_order = val.check_int(max_order, "max_order", 1)
-    bounds = [np.asarray(welch_bound(k, d, t)) for t in range(1, max_order + 1)]
-    bounds.append(np.asarray(orthoplex_bound(k, d)))
-    return _out(np.max(np.stack(np.broadcast_arrays(*bounds)), axis=0))
+    welch = _welch_orders(k, d, max_order)
+    floor = np.maximum(np.max(welch, axis=0), orthoplex_bound(k, d))
+    _check_finite(floor, k, d)
+    return _out(floor)
 
 
 def capacity_table(d: int, eps: float, vocab: int | None = None) -> dict:

@@ -171,13 +171,6 @@ def test_torch_func_grad_gives_the_autograd_gradient():
     assert torch.equal(got, Xg.grad)
 
 
-def test_it_is_not_twice_differentiable():
-    X = inputs(20, 4, torch.float64).requires_grad_()
-    (g,) = torch.autograd.grad(rf.gram_offdiag_penalty(X, p=4), X, create_graph=True)
-    with pytest.raises(RuntimeError):
-        g.sum().backward()
-
-
 # ---------------------------------------------------------------- data checks, both modes
 
 

@@ -169,4 +169,19 @@ def test_every_op_of_the_namespace_is_checked():
     public = {op for _, op, _ in CPU_PUBLIC_CASES}
     registered = {name.split("::")[1].split(".")[0] for name in torch._C._dispatch_get_all_op_names()
                   if name.startswith("repcap_fast::")}
-    assert registered == kernel | public
+    assert registered == kernel | public | {"argument_error"}
+
+
+@pytest.mark.parametrize("kind", ["ValueError", "ArgumentTypeError", "BackendUnavailableError", "TypeError"])
+def test_the_argument_error_op_raises_its_kind_with_its_message_and_has_a_fake(kind):
+    """The op that compiled code raises an argument error with (repcap_fast/ops/_compiled_errors.py)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from repcap_fast.ops import _compiled_errors
+
+    with pytest.raises(_compiled_errors._KINDS[kind], match="^X needs k >= 2 rows$") as raised:
+        OPS.argument_error(kind, "X needs k >= 2 rows")
+    assert type(raised.value).__name__ == kind
+    with FakeTensorMode():
+        fake = OPS.argument_error(kind, "never raised while tracing")
+    assert fake.shape == () and fake.dtype == torch.float32

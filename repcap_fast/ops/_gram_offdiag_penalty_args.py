@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from .. import _validation as val
-from .._backends import kernel_limits, resolve_backend
+from .._backends import kernel_limits
 
 
 @dataclass(frozen=True)
@@ -56,17 +56,16 @@ def check_penalty_p(p, backend: str) -> int:
     return val.check_p(p, None if backend == "torch" else kernel_limits().penalty_p)
 
 
-def _p_arg(p, backend, device: torch.device):
+def _p_arg(p):
     """The exponent p as the ops' schema takes it (an int64, or a symbolic int).
 
-    Its range against the backend's limit is checked by the op, except where the schema could
-    not carry it.
+    Its range (≥ 1, at most the backend's limit) is checked by the op when it runs, in eager and
+    compiled code alike; an integer beyond int64, which the schema cannot carry, is refused here.
     """
     p = val.as_int(p, "p", integral_real=True)
-    if isinstance(p, torch.SymInt) or 1 <= p < 2**63:
+    if isinstance(p, torch.SymInt) or -(2**63) <= p < 2**63:
         return p
-    check_penalty_p(p, resolve_backend(backend, device, "gram_offdiag_penalty"))  # the op's own message
-    raise ValueError(f"p must be an integer in [1, 2**63 - 1], got {p}")
+    raise ValueError(f"p must be an integer >= 1 (at most the kernels' limit, info()['limits']['penalty_p']), got {p}")
 
 
 def _backend_arg(backend) -> str:

@@ -45,6 +45,7 @@ from .._backends import (
     triton_kernels,
 )
 from .._ops import gram_offdiag_penalty_rows_fake
+from ._compiled_errors import checked
 from ._gram_offdiag_penalty_args import _backend_arg, _check_block_rows, _check_x, _Inputs, _p_arg, check_penalty_p
 from ._gram_offdiag_penalty_autograd import GramOffdiagPenaltyFunction, _penalty_backward, _penalty_setup_context
 from ._gram_offdiag_penalty_grad import _finish_grad, _log_pow, _row_losses
@@ -222,6 +223,23 @@ def _max(X, normalize, backend, precision):
 # ValueError (inside a CUDA graph capture: a device-side assert, see _sync_free).
 
 
+def _fake_dtype(X: torch.Tensor) -> torch.dtype:
+    """The compute dtype of X for the fake kernels, which never raise.
+
+    The ops' implementations refuse a bad X when they run, with the eager error, in compiled code
+    as in eager mode.
+    """
+    return val.compute_dtype(X.dtype) if X.dtype in val.FLOAT_DTYPES else torch.float32
+
+
+def _resolves_to_torch(backend, device) -> bool:
+    """Whether `backend` runs on the torch backend (float64 results); False where it is refused."""
+    try:
+        return resolve_backend(backend, device, "gram_offdiag_penalty") == "torch"
+    except (ValueError, TypeError, RuntimeError):
+        return False
+
+
 @torch.library.custom_op("repcap_fast::gram_offdiag_penalty", mutates_args=())
 def _gram_offdiag_penalty_op(X: Tensor, p: int, normalize: bool, reduction: str, backend: str, precision: str,
                              with_grad: bool) -> Tuple[Tensor, Tensor]:
@@ -232,10 +250,8 @@ def _gram_offdiag_penalty_op(X: Tensor, p: int, normalize: bool, reduction: str,
 @_gram_offdiag_penalty_op.register_fake
 def _(X, p, normalize, reduction, backend, precision, with_grad):
     """The shapes and dtypes of (L, ∂L/∂X)."""
-    _check_x(X)
-    grad_dtype = (torch.float64 if resolve_backend(backend, X.device, "gram_offdiag_penalty") == "torch"
-                  else val.compute_dtype(X.dtype))
-    return (X.new_empty((), dtype=val.compute_dtype(X.dtype)),
+    grad_dtype = torch.float64 if _resolves_to_torch(backend, X.device) else _fake_dtype(X)
+    return (X.new_empty((), dtype=_fake_dtype(X)),
             X.new_empty(X.shape if with_grad else (0,), dtype=grad_dtype))
 
 
@@ -255,10 +271,8 @@ def _gram_offdiag_penalty_block_op(X: Tensor, row_start: int, row_stop: int, p: 
 @_gram_offdiag_penalty_block_op.register_fake
 def _(X, row_start, row_stop, p, backend, precision):
     """The shapes and dtypes of (the rows' part of L, their gradient)."""
-    _check_x(X)
-    _check_block_rows(row_start, row_stop, X.shape[0])
     return (X.new_empty((), dtype=torch.float64),
-            X.new_empty((row_stop - row_start, X.shape[1]), dtype=val.compute_dtype(X.dtype)))
+            X.new_empty((max(row_stop - row_start, 0), X.shape[-1] if X.dim() else 0), dtype=_fake_dtype(X)))
 
 
 @torch.library.custom_op("repcap_fast::gram_offdiag_log_penalty", mutates_args=())
@@ -270,8 +284,7 @@ def _gram_offdiag_log_penalty_op(X: Tensor, p: int, backend: str, precision: str
 @_gram_offdiag_log_penalty_op.register_fake
 def _(X, p, backend, precision):
     """The shapes and dtypes of (ln L, ∂ln L/∂X)."""
-    _check_x(X)
-    return X.new_empty((), dtype=torch.float64), X.new_empty(X.shape, dtype=val.compute_dtype(X.dtype))
+    return X.new_empty((), dtype=torch.float64), X.new_empty(X.shape, dtype=_fake_dtype(X))
 
 
 @torch.library.custom_op("repcap_fast::gram_offdiag_row_stats", mutates_args=())
@@ -284,8 +297,8 @@ def _gram_offdiag_row_stats_op(X: Tensor, p: int, normalize: bool, backend: str,
 @_gram_offdiag_row_stats_op.register_fake
 def _(X, p, normalize, backend, precision):
     """The shapes and dtypes of (m_i, L_i)."""
-    _check_x(X)
-    return X.new_empty(X.shape[0], dtype=torch.float64), X.new_empty(X.shape[0], dtype=torch.float64)
+    rows = X.shape[0] if X.dim() else 0
+    return X.new_empty(rows, dtype=torch.float64), X.new_empty(rows, dtype=torch.float64)
 
 
 @torch.library.custom_op("repcap_fast::gram_offdiag_max", mutates_args=())
@@ -297,7 +310,6 @@ def _gram_offdiag_max_op(X: Tensor, normalize: bool, backend: str, precision: st
 @_gram_offdiag_max_op.register_fake
 def _(X, normalize, backend, precision):
     """A float64 0-d CPU tensor."""
-    _check_x(X)
     return torch.empty((), dtype=torch.float64, device="cpu")
 
 
@@ -359,14 +371,18 @@ def gram_offdiag_penalty(X: torch.Tensor, p: int = 8, normalize: bool = True, re
                 [0., 0.],
                 [2., 0.]])
     """
-    X = _check_x(X)
-    p = _p_arg(p, backend, X.device)
-    val.check_bool(normalize, "normalize")
-    val.check_choice(reduction, "reduction", REDUCTIONS)
-    check_precision(precision, PENALTY_PRECISIONS)
+    def checks():
+        val.check_bool(normalize, "normalize")
+        val.check_choice(reduction, "reduction", REDUCTIONS)
+        check_precision(precision, PENALTY_PRECISIONS)
+        return _p_arg(p), _backend_arg(backend)
+
+    args, failed = checked(lambda: (_check_x(X),) + checks(), lambda error: error)
+    if failed is not None:
+        return failed  # the graph raises the eager error when it runs (torch.compile)
+    X, p_, backend_ = args
     with_grad = torch.is_grad_enabled() and X.requires_grad  # the gradient is formed with L, when wanted
-    loss, _ = GramOffdiagPenaltyFunction.apply(X, p, normalize, reduction, _backend_arg(backend), precision,
-                                               with_grad)
+    loss, _ = GramOffdiagPenaltyFunction.apply(X, p_, normalize, reduction, backend_, precision, with_grad)
     return loss
 
 
@@ -407,12 +423,19 @@ def gram_offdiag_penalty_block(X: torch.Tensor, row_start: int, row_stop: int, p
         >>> round(part.item(), 4), tuple(grad.shape)
         (1.5, (2, 2))
     """
-    X = _check_x(X)
-    p = _p_arg(p, backend, X.device)
-    check_precision(precision, PENALTY_PRECISIONS)
-    row_start, row_stop = val.as_int(row_start, "row_start"), val.as_int(row_stop, "row_stop")  # numpy, torch ints
-    return torch.ops.repcap_fast.gram_offdiag_penalty_block(X.detach(), row_start, row_stop, p, _backend_arg(backend),
-                                                            precision)
+    def checks():
+        x = _check_x(X)
+        p_ = _p_arg(p)
+        check_precision(precision, PENALTY_PRECISIONS)
+        rows = val.as_int(row_start, "row_start"), val.as_int(row_stop, "row_stop")  # numpy, torch ints
+        _check_block_rows(*rows, x.shape[0])
+        return x, rows, p_, _backend_arg(backend)
+
+    args, failed = checked(checks, lambda error: (error.double(), error))
+    if failed is not None:
+        return failed  # the graph raises the eager error when it runs (torch.compile)
+    X, (start, stop), p_, backend_ = args
+    return torch.ops.repcap_fast.gram_offdiag_penalty_block(X.detach(), start, stop, p_, backend_, precision)
 
 
 def gram_offdiag_log_penalty(X: torch.Tensor, p: int, backend: str = "auto",
@@ -449,10 +472,17 @@ def gram_offdiag_log_penalty(X: torch.Tensor, p: int, backend: str = "auto",
         >>> round(log_L, 4)  # ln 2
         0.6931
     """
-    X = _check_x(X)
-    p = _p_arg(p, backend, X.device)
-    check_precision(precision, PENALTY_PRECISIONS)
-    log_loss, grad = torch.ops.repcap_fast.gram_offdiag_log_penalty(X.detach(), p, _backend_arg(backend), precision)
+    def checks():
+        x = _check_x(X)
+        p_ = _p_arg(p)
+        check_precision(precision, PENALTY_PRECISIONS)
+        return x, p_, _backend_arg(backend)
+
+    args, failed = checked(checks, lambda error: (float(error), error))
+    if failed is not None:
+        return failed  # the graph raises the eager error when it runs (torch.compile)
+    X, p_, backend_ = args
+    log_loss, grad = torch.ops.repcap_fast.gram_offdiag_log_penalty(X.detach(), p_, backend_, precision)
     return float(log_loss), grad
 
 
@@ -489,11 +519,18 @@ def gram_offdiag_row_stats(X: torch.Tensor, p: int = 8, normalize: bool = True, 
         >>> m.round(decimals=4).tolist(), L_rows.round(decimals=4).tolist()
         ([0.7071, 0.7071, 0.7071], [0.5, 1.0, 0.5])
     """
-    X = _check_x(X)
-    p = _p_arg(p, backend, X.device)
-    val.check_bool(normalize, "normalize")
-    check_precision(precision, PENALTY_PRECISIONS)
-    return torch.ops.repcap_fast.gram_offdiag_row_stats(X.detach(), p, normalize, _backend_arg(backend), precision)
+    def checks():
+        x = _check_x(X)
+        p_ = _p_arg(p)
+        val.check_bool(normalize, "normalize")
+        check_precision(precision, PENALTY_PRECISIONS)
+        return x, p_, _backend_arg(backend)
+
+    args, failed = checked(checks, lambda error: (error.double(), error.double()))
+    if failed is not None:
+        return failed  # the graph raises the eager error when it runs (torch.compile)
+    X, p_, backend_ = args
+    return torch.ops.repcap_fast.gram_offdiag_row_stats(X.detach(), p_, normalize, backend_, precision)
 
 
 def gram_offdiag_max(X: torch.Tensor, normalize: bool = True, backend: str = "auto",
@@ -526,10 +563,17 @@ def gram_offdiag_max(X: torch.Tensor, normalize: bool = True, backend: str = "au
         >>> round(rf.gram_offdiag_max(X), 4), rf.gram_offdiag_max(X, normalize=False)
         (0.7071, 1.0)
     """
-    check_precision(precision)
-    X = _check_x(X)
-    val.check_bool(normalize, "normalize")
-    return float(torch.ops.repcap_fast.gram_offdiag_max(X.detach(), normalize, _backend_arg(backend), precision))
+    def checks():
+        check_precision(precision)
+        x = _check_x(X)
+        val.check_bool(normalize, "normalize")
+        return x, _backend_arg(backend)
+
+    args, failed = checked(checks, float)
+    if failed is not None:
+        return failed  # the graph raises the eager error when it runs (torch.compile)
+    X, backend_ = args
+    return float(torch.ops.repcap_fast.gram_offdiag_max(X.detach(), normalize, backend_, precision))
 
 
 # ------------------------------------------------------------------------------- launchers
