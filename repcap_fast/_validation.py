@@ -478,7 +478,7 @@ def check_output_file(path, name: str, default_suffix: Optional[str] = None) -> 
         path += default_suffix
     if os.path.isdir(path) or path.endswith(os.sep):
         raise ValueError(f"{name} {path!r} is a folder; give a file path")
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = os.path.dirname(os.path.realpath(path))  # a symlink's target is what gets written
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
@@ -496,7 +496,7 @@ def check_output_folder(path, name: str) -> str:
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{name} {path!r} is a file; give a folder")
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(os.path.realpath(path), exist_ok=True)  # a dangling symlink: its target is created
     except OSError as exc:
         raise ValueError(f"{name} {path!r}: cannot create the folder ({exc.strerror or exc})") from None
     _probe_writable(path, name, path)

@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import argparse
+import collections.abc
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -30,6 +32,7 @@ from .models.casting import cast
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
 from .report import CONTROLS, ReportSettings, run_pga_survey, run_report, run_survey
+from .sweep_file import MAX_GRID_VALUES
 
 
 def _cmd_info(args) -> int:
@@ -215,24 +218,47 @@ def _cmd_pack(args) -> int:
 
 
 def _int_list(text: str):
-    """"1000,2000" or "1000:8000:1000" (start:stop:step, stop included)."""
-    values = []
+    """"1000,2000" or "1000:8000:1000" (start:stop:step, stop included), as ranges.
+
+    The values are counted from the ranges (len of a range is arithmetic), so a range of 10^12
+    values is refused (by the sweep, naming the option) before any list is built.
+    """
+    parts = []
     for part in text.split(","):
         part = part.strip()
         if ":" in part:
             start, stop, step = (int(v) for v in part.split(":"))
             if step <= 0:
                 raise argparse.ArgumentTypeError(f"step must be > 0 in {part!r}")
-            values.extend(range(start, stop + 1, step))
+            parts.append(range(start, stop + 1, step))
         elif part:
-            values.append(int(part))
-    if not values:
+            parts.append(range(int(part), int(part) + 1))
+    if not any(len(r) for r in parts):
         raise argparse.ArgumentTypeError(f"no values in {text!r}")
-    return values
+    return _Grid(parts)
+
+
+class _Grid(collections.abc.Sequence):
+    """The values of --ks or --ds: ranges, concatenated lazily (len without listing them)."""
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def __len__(self):
+        return sum(len(r) for r in self.parts)
+
+    def __getitem__(self, index):
+        return list(itertools.chain.from_iterable(self.parts))[index]
+
+    def __iter__(self):
+        return itertools.chain.from_iterable(self.parts)
 
 
 def _cmd_sweep(args) -> int:
     _check_device_arg(args)
+    for option, grid in (("--ks", args.ks), ("--ds", args.ds)):
+        if len(grid) > MAX_GRID_VALUES:  # counted from the ranges: nothing listed yet
+            raise ValueError(f"{option} has {len(grid)} values; a sweep takes at most {MAX_GRID_VALUES} per axis")
     cells = packing.sweep(args.ks, args.ds, args.out, steps=args.steps, p=args.p, lr=args.lr,
                           seed=args.seed, device=args.device, dtype=args.dtype, backend=args.backend,
                           resume=not args.restart, progress=args.progress, method=args.method,
@@ -449,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_rep.set_defaults(func=_cmd_report)
 
     p_sur = sub.add_parser("survey", help="several models side by side: d_model, ε, class, capacity")
-    p_sur.add_argument("sources", nargs="+", help="two or more sources (as for report)")
+    p_sur.add_argument("sources", nargs="+", help="one or more sources (as for report); the table compares them")
     p_sur.add_argument("--out", default="repcap_survey", help="output folder (default ./repcap_survey)")
     p_sur.add_argument("--pga", action="store_true",
                        help="Subspace PGA across the models or checkpoints: each one's whole report (OUT/NN_name), z "
@@ -489,7 +515,7 @@ def main(argv=None) -> int:
         argv (list[str] | None): the arguments (None: sys.argv[1:]).
 
     Returns:
-        int: the exit status (0 on success, 2 on such an error).
+        int: the exit status (0 on success, 2 on such an error, 130 when interrupted by Ctrl-C).
     """
     args = build_parser().parse_args(argv)
     try:
@@ -516,6 +542,11 @@ def main(argv=None) -> int:
             raise
         print(f"repcap: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what was written stays (a sweep resumes from its file)
+        if args.debug:
+            raise
+        print(f"\nrepcap: interrupted ({args.command} stopped by Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 # What a user's input, files or machine can cause: one `repcap: error: …` line and exit code 2

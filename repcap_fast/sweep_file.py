@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import csv
 import glob
+import io
 import json
 import math
 import os
+import re
 import warnings
 from typing import Iterator, List, Sequence, Tuple
 
@@ -103,6 +105,21 @@ _MAX_INT = 2**63 - 1  # seeds reach it; k, d, steps and p far below (floats hold
 
 # a CSV sweep file's header row names its version
 _CSV_HEADERS = (CELL_FIELDS, _V4_FIELDS, _V3_FIELDS, _V2_FIELDS, _V1_FIELDS)
+# A CSV sweep file written now opens with this line (before its header) and ends with an end line
+# that counts its cells: a file cut anywhere, even between two rows, is refused when read. Files
+# written before these lines were introduced are read when they end with a newline (a cut inside
+# a row is refused; a cut between rows cannot be seen in them).
+_CSV_TAG = f"# {SWEEP_FORMAT} (CSV: this line, the header, one row per cell, and an end line with their count)"
+_CSV_END = re.compile(r"# end: ([0-9]+) cells?\Z", re.ASCII)
+# What a CSV field of an int holds: ASCII digits with an optional sign (no 6_0, no non-ASCII digits)
+_CSV_INT = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
+_CSV_FLOAT = re.compile(r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|infinity)\Z",
+                        re.ASCII | re.IGNORECASE)
+
+
+def is_csv(path: str) -> bool:
+    """Whether a sweep file at `path` is CSV (its suffix, in any case: .csv or .CSV), else JSON."""
+    return os.fspath(path).lower().endswith(".csv")
 
 
 def _not_sweep(path: str, why: str) -> ValueError:
@@ -143,12 +160,40 @@ def _check_cell(path: str, label: str, cell) -> dict:
         value = cell[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ValueError(f"{where}: {key} is {str(value)[:40]!r}, not a number")
+        if isinstance(value, int) and value.bit_length() > 1024:  # a JSON integer literal beyond float64
+            raise ValueError(f"{where}: {key} is an integer of {value.bit_length()} bits, beyond float64's range "
+                             "(not a number a sweep writes); remove the cell or correct it")
     for key in _UNIT_FIELDS:  # a hand-edited 1.5 would be kept on resume and fitted
         value = cell[key]
         if value is not None and not math.isnan(value) and not 0.0 <= value <= 1.0 + _UNIT_SLACK:
             raise ValueError(f"{where}: {key} is {value!r}, not in [0, 1] (a maximum of |cosines|); remove the cell "
                              "or correct it")
+    if cell["k"] >= 2:
+        _check_certificate(where, cell)
     return cell
+
+
+_CERTIFICATE_TOLERANCE = 1e-12  # the bounds' float64 rounding, across versions of their formulas
+
+
+def _check_certificate(where: str, cell: dict) -> None:
+    """The certificate fields (bound, bound_name, eps_minus_bound) agree with the cell's k, d and ε*.
+
+    A hand-edited bound would be kept on resume and reported as the packing's gap to optimal.
+    """
+    bound, name = coherence_bound(cell["k"], cell["d"])
+    if cell["bound_name"] != name:
+        raise ValueError(f"{where}: bound_name is {cell['bound_name'][:40]!r}, but the best bound of k={cell['k']}, "
+                         f"d={cell['d']} is {name!r}; remove the cell or correct it")
+    if cell["bound"] is None or not abs(float(cell["bound"]) - bound) <= _CERTIFICATE_TOLERANCE:
+        raise ValueError(f"{where}: bound is {cell['bound']!r}, but the {name} bound of k={cell['k']}, d={cell['d']} "
+                         f"is {bound!r}; remove the cell or correct it")
+    eps, gap = cell["eps_star"], cell["eps_minus_bound"]
+    want = eps - bound if eps is not None and math.isfinite(eps) else None
+    if (want is None) != (gap is None or (isinstance(gap, float) and math.isnan(gap))) or (
+            want is not None and not abs(gap - want) <= _CERTIFICATE_TOLERANCE):
+        raise ValueError(f"{where}: eps_minus_bound is {gap!r}, but eps_star − bound is {want!r}; remove the cell or "
+                         "correct it")
 
 
 def _same(a, b) -> bool:
@@ -223,8 +268,12 @@ def is_sweep_file(path: str) -> bool:
         return False
     if head.startswith(_BOM):
         head = head[len(_BOM) :]
-    if path.endswith(".csv"):
-        return head.split(b"\n", 1)[0].rstrip(b"\r") in tuple(",".join(fields).encode() for fields in _CSV_HEADERS)
+    if is_csv(path):
+        lines = head.split(b"\n", 2)
+        first = lines[0].rstrip(b"\r")
+        if first.startswith(b"# repcap_fast.packing.sweep/") and len(lines) > 1:
+            first = lines[1].rstrip(b"\r")
+        return first in tuple(",".join(fields).encode() for fields in _CSV_HEADERS)
     return head.lstrip().startswith(b"{") and any(f'"format": "{tag}"'.encode() in head
                                                   for tag in (SWEEP_FORMAT,) + _OLD_FORMATS)
 
@@ -232,32 +281,61 @@ def is_sweep_file(path: str) -> bool:
 def _parse_csv_value(path: str, line: int, key: str, value):
     if value is None:  # a short row: csv.DictReader fills the missing fields with None
         raise ValueError(f"{path}: line {line} has no {key} (too few fields)")
-    try:
-        if key in _INT_FIELDS:
-            return int(value)
-        if key in _STR_FIELDS:
-            return value
-        return float(value) if value not in ("", "None") else None
-    except ValueError:
-        want = "an int" if key in _INT_FIELDS else "a number"
-        raise ValueError(f"{path}: line {line}: {key} is {value[:40]!r}, not {want}") from None
+    if key in _STR_FIELDS:
+        return value
+    if key in _INT_FIELDS and _CSV_INT.match(value):  # ASCII digits only: int() would take 6_0 and ٦٠
+        return int(value)
+    if key not in _INT_FIELDS and value in ("", "None"):
+        return None
+    if key not in _INT_FIELDS and _CSV_FLOAT.match(value):
+        return float(value)
+    want = "an int (ASCII digits)" if key in _INT_FIELDS else "a number"
+    raise ValueError(f"{path}: line {line}: {key} is {value[:40]!r}, not {want}")
+
+
+def _csv_body(path: str) -> Tuple[str, int, int]:
+    """(the header and rows of a CSV sweep file, the file line of its header, its end line's count or -1).
+
+    A tagged file (written with _CSV_TAG) must end with its end line and a newline; an untagged
+    one (written before the tag) with a newline: anything else is a file cut short.
+    """
+    with open(path, newline="", encoding="utf-8-sig") as f:  # a BOM is read past
+        text = f.read()
+
+    def cut(what):
+        return ValueError(f"{path}: cut short (it does not end with {what}): a truncated sweep file? Remove it, or "
+                          "restore it from a copy")
+
+    if not text.startswith("# repcap_fast.packing.sweep/"):
+        if text and not text.endswith("\n"):
+            raise cut("a newline")
+        return text, 1, -1
+    _, _, rest = text.partition("\n")
+    body, _, end = rest.rstrip("\r\n").rpartition("\n")
+    match = _CSV_END.match(end.rstrip("\r"))
+    if not text.endswith("\n") or not match:
+        raise cut("its end line '# end: N cells'")
+    return body + "\n", 2, int(match.group(1))
 
 
 def _read_csv(path: str) -> List[dict]:
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:  # a BOM is read past
-            reader = csv.DictReader(f)
-            fields = tuple(reader.fieldnames or ())
-            if fields not in _CSV_HEADERS:
-                raise _not_sweep(path, f"its CSV header is not {','.join(CELL_FIELDS)}")
-            cells = []
-            for row in reader:
-                line = reader.line_num
-                if None in row:  # more fields than the header
-                    raise ValueError(f"{path}: line {line} has {len(fields) + len(row[None])} fields, the "
-                                     f"header {len(fields)}")
-                cell = {key: _parse_csv_value(path, line, key, row.get(key)) for key in fields}
-                cells.append(_check_cell(path, f"line {line}", _upgrade(cell)))
+        text, first_line, count = _csv_body(path)
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        fields = tuple(reader.fieldnames or ())
+        if fields not in _CSV_HEADERS:
+            raise _not_sweep(path, f"its CSV header is not {','.join(CELL_FIELDS)}")
+        cells = []
+        for row in reader:
+            line = reader.line_num + first_line - 1
+            if None in row:  # more fields than the header
+                raise ValueError(f"{path}: line {line} has {len(fields) + len(row[None])} fields, the "
+                                 f"header {len(fields)}")
+            cell = {key: _parse_csv_value(path, line, key, row.get(key)) for key in fields}
+            cells.append(_check_cell(path, f"line {line}", _upgrade(cell)))
+        if count >= 0 and count != len(cells):
+            raise ValueError(f"{path}: its end line counts {count} cells, but it holds {len(cells)}: a damaged sweep "
+                             "file? Remove it, or restore it from a copy")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}): not a sweep file") from exc
     except csv.Error as exc:
@@ -300,22 +378,29 @@ def read_cells(path: str) -> List[dict]:
         return []
     if os.path.isdir(path):
         raise ValueError(f"{path}: a directory, not a sweep file")
-    cells = _read_csv(path) if path.endswith(".csv") else _read_json(path)
+    cells = _read_csv(path) if is_csv(path) else _read_json(path)
     return _dedupe(path, cells)
 
 
 def write_cells(path: str, cells: List[dict]) -> None:
-    """Writes `cells` to the sweep file `path` atomically (a temporary file, renamed): a kill never tears it."""
-    path = os.fspath(path)
+    """Writes `cells` to the sweep file `path` atomically (a temporary file, renamed): a kill never tears it.
+
+    A symlink at `path` is followed: the file it points to is written (the link stays), the same
+    file whose lock the sweep holds (lock_file).
+    """
+    csv_file = is_csv(path)
+    path = os.path.realpath(os.fspath(path))
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", newline="", encoding="utf-8") as f:
-        if path.endswith(".csv"):
+        if csv_file:
+            f.write(_CSV_TAG + "\n")
             writer = csv.DictWriter(f, fieldnames=CELL_FIELDS, lineterminator="\n")
             writer.writeheader()
             for cell in cells:
                 writer.writerow({k: ("" if cell[k] is None else repr(cell[k]) if isinstance(cell[k], float)
                                      else cell[k])
                                  for k in CELL_FIELDS})
+            f.write(f"# end: {len(cells)} cells\n")
         else:
             json.dump({"format": SWEEP_FORMAT, "cells": cells}, f, indent=1)
             f.write("\n")
@@ -381,10 +466,16 @@ def sweep_lock(out: str) -> Iterator[None]:
         os.close(fd)
 
 
+MAX_GRID_VALUES = 100_000
+"""The most values of ks or of ds in one sweep (each cell is an optimization: seconds to hours)."""
+
+
 def grid_values(values, name: str, least: int) -> List[int]:
     """The values of ks or ds: ints (Python, numpy or torch) >= least, order kept, repeats dropped."""
     if isinstance(values, (str, bytes)) or (getattr(values, "ndim", None) == 0):
         raise ArgumentTypeError(f"{name} must be a list of ints, got {type(values).__name__} {values!r}")
+    if hasattr(values, "__len__") and len(values) > MAX_GRID_VALUES:  # a huge range is refused before listing it
+        raise ValueError(f"{name} has {len(values)} values; a sweep takes at most {MAX_GRID_VALUES} per axis")
     try:
         items = list(values)
     except TypeError:

@@ -93,26 +93,34 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
                     "n_rows": n_rows, "zero_rows": zero_rows}
     rows = []
     for i, source in enumerate(sources):
-        t0 = _stage(_source_label(source), log)
-        emb = load_embeddings(source, which="input", n_rows=n_rows, device=device)
-        eps, _ = epsilon_analysis(emb.input, bins=bins, k_sigma=k_sigma, backend=backend, zero_rows=zero_rows,
-                                  progress=progress)
-        full = eps["capacity"]["formulas"]["full"]
-        rows.append({"source": _source_label(source), "architecture": emb.architecture, "vocab_rows": emb.rows_kept,
-                     "rows_used": eps["rows_used"], "zero_rows_dropped": eps["zero_rows_dropped"],
-                     "d_model": emb.d_model, "tied": emb.tied, "epsilon": eps["epsilon"],
-                     "epsilon_exact": eps["exact"]["epsilon"], "mean": eps["stream"]["mean"],
-                     "std": eps["stream"]["std"],
-                     "class": eps["class"], "class_description": eps["class_description"],
-                     "capacity_full": None if full is None else full["capacity"],
-                     "log10_capacity_full": None if full is None else full["log10_capacity"],
-                     "welch_floor_vocab": eps["capacity"].get("welch_floor_vocab"),
-                     "model": emb.to_dict(), "seconds": time.perf_counter() - t0})
-        log(f"   d={emb.d_model} ε={eps['epsilon']:.4f} {eps['class_description']}")
-        if i + 1 < len(sources):  # partial results, marked as such, as each model finishes
-            write_json_atomic(os.path.join(out, "survey.json"), _clean({
-                "provenance": _provenance(command, settings_doc), "complete": False,
-                "pending": [_source_label(s) for s in sources[i + 1:]], "models": rows}), indent=1, allow_nan=False)
+        try:
+            t0 = _stage(_source_label(source), log)
+            emb = load_embeddings(source, which="input", n_rows=n_rows, device=device)
+            eps, _ = epsilon_analysis(emb.input, bins=bins, k_sigma=k_sigma, backend=backend, zero_rows=zero_rows,
+                                      progress=progress)
+            full = eps["capacity"]["formulas"]["full"]
+            rows.append({"source": _source_label(source), "architecture": emb.architecture,
+                         "vocab_rows": emb.rows_kept,
+                         "rows_used": eps["rows_used"], "zero_rows_dropped": eps["zero_rows_dropped"],
+                         "d_model": emb.d_model, "tied": emb.tied, "epsilon": eps["epsilon"],
+                         "epsilon_exact": eps["exact"]["epsilon"], "mean": eps["stream"]["mean"],
+                         "std": eps["stream"]["std"],
+                         "class": eps["class"], "class_description": eps["class_description"],
+                         "capacity_full": None if full is None else full["capacity"],
+                         "log10_capacity_full": None if full is None else full["log10_capacity"],
+                         "welch_floor_vocab": eps["capacity"].get("welch_floor_vocab"),
+                         "model": emb.to_dict(), "seconds": time.perf_counter() - t0})
+            log(f"   d={emb.d_model} ε={eps['epsilon']:.4f} {eps['class_description']}")
+            if i + 1 < len(sources):  # partial results, marked as such, as each model finishes
+                write_json_atomic(os.path.join(out, "survey.json"), _clean({
+                    "provenance": _provenance(command, settings_doc), "complete": False,
+                    "pending": [_source_label(s) for s in sources[i + 1:]], "models": rows}), indent=1,
+                    allow_nan=False)
+        except Exception as exc:  # the file says which source failed, and why
+            _write_failed(out, {"provenance": _provenance(command, settings_doc), "complete": False,
+                                "pending": [_source_label(s) for s in sources[i:]], "models": rows},
+                          _source_label(source), exc)
+            raise
     doc = _clean({"provenance": _provenance(command, settings_doc), "complete": True, "models": rows})
     write_json_atomic(os.path.join(out, "survey.json"), doc, indent=1, allow_nan=False)
     md = ["# repcap survey", "", "| model | d_model | V | ε | class | capacity (full form) |",
@@ -128,6 +136,16 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
     plotting.plot_survey(doc["models"], os.path.join(out, "epsilon_vs_d.png"))
     log(f"== wrote {out}/survey.json, survey.md and epsilon_vs_d.png")
     return doc
+
+
+def _write_failed(out: str, doc: dict, label, exc: BaseException) -> None:
+    """Writes survey.json of a survey stopped by a source's error, before the error propagates.
+
+    It holds the models done, the pending ones, and "failed": the source and the error (its type
+    and message).
+    """
+    doc["failed"] = {"source": label, "error": f"{type(exc).__name__}: {exc}"}
+    write_json_atomic(os.path.join(out, "survey.json"), _clean(doc), indent=1, allow_nan=False)
 
 
 AGREEMENT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -215,8 +233,16 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
         label, folder = _source_label(source) or "default", folders[i]
         log(f"=== {i + 1}/{len(sources)}: {label}")
         keep: Dict = {}
-        rep = run_report(source, os.path.join(out, folder), settings, texts=texts, text_name=text_name,
-                         token_ids=token_ids, progress=progress, log=log, command=command, _keep=keep)
+        try:
+            rep = run_report(source, os.path.join(out, folder), settings, texts=texts, text_name=text_name,
+                             token_ids=token_ids, progress=progress, log=log, command=command, _keep=keep)
+        except Exception as exc:  # the file says which source failed, and why
+            _write_failed(out, {
+                "provenance": _provenance(command, {"sources": [_source_label(s) or "default" for s in sources],
+                                                    **settings.to_dict(), "agreement_null": agreement_null}),
+                "complete": False, "pending": [_source_label(s) or "default" for s in sources[i:]],
+                "models": [_survey_row(lab, fol, r) for lab, fol, r, _ in runs]}, label, exc)
+            raise
         runs.append((label, folder, rep, keep))
         if i + 1 < len(sources):  # partial results, marked as such, as each model finishes
             write_json_atomic(os.path.join(out, "survey.json"), _clean({
