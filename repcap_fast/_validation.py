@@ -204,6 +204,31 @@ def check_k(k, d: int) -> int:
     return k
 
 
+def layout_problem(x: torch.Tensor, allow_meta: bool = False) -> Optional[str]:
+    """What keeps the tensor x from being read as a dense matrix, or None.
+
+    Sparse layouts (COO, CSR, CSC, BSR, BSC), nested tensors, and (unless allow_meta) tensors on
+    the meta device, which hold no values.
+    """
+    if x.is_nested:
+        return "a nested tensor: pass one dense 2-D tensor (torch.cat of its components, or to_padded_tensor)"
+    if x.layout != torch.strided:
+        layout = str(x.layout).replace("torch.", "")
+        return (f"a sparse tensor ({layout}): pass a dense one (.to_dense(); the ops read every entry of a dense "
+                "matrix, so densifying costs rows x d memory)")
+    if x.is_meta and not allow_meta:
+        return "on the meta device: it holds no values to measure (load or materialize its weights first)"
+    return None
+
+
+def check_dense(x: torch.Tensor, name: str, allow_meta: bool = False) -> torch.Tensor:
+    """X when it is a dense (strided) tensor with values; else a ValueError naming it and its layout."""
+    problem = layout_problem(x, allow_meta)
+    if problem is not None:
+        raise ValueError(f"{name} is {problem}")
+    return x
+
+
 def as_matrix(x, name: str) -> torch.Tensor:
     """A 2-D floating tensor, non-empty; numpy arrays are converted (without a copy)."""
     if isinstance(x, np.ndarray):
@@ -212,6 +237,7 @@ def as_matrix(x, name: str) -> torch.Tensor:
         x = torch.from_numpy(np.ascontiguousarray(x))
     if not isinstance(x, torch.Tensor):
         raise ArgumentTypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+    check_dense(x, name)
     x = x.detach()  # statistics of the values; nn.Parameter and tensors in a graph are fine
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows x d), got shape {tuple(x.shape)}")
@@ -426,6 +452,8 @@ def check_orthonormal(basis: torch.Tensor, name: str = "basis", tol: Optional[fl
             ...
         ValueError: basis is not orthonormal: max |BᵀB − I| = 3 > 0.0001
     """
+    if isinstance(basis, torch.Tensor):
+        check_dense(basis, name)
     if not isinstance(basis, torch.Tensor) or basis.dim() != 2:
         raise ValueError(f"{name} must be a 2-D (d×k) tensor with orthonormal columns")
     if tol is None:
@@ -439,6 +467,8 @@ def check_orthonormal(basis: torch.Tensor, name: str = "basis", tol: Optional[fl
 
 def check_basis(basis, d: int, name: str = "basis") -> torch.Tensor:
     """A d×k basis of H's space (d rows; finite; orthonormal columns) as float64."""
+    if isinstance(basis, torch.Tensor):
+        check_dense(basis, name)
     if not isinstance(basis, torch.Tensor) or basis.dim() != 2:
         raise ValueError(f"{name} must be a 2-D (d×k) tensor")
     if basis.shape[0] != d:

@@ -217,6 +217,8 @@ def readout_subspace(W_U, basis: Optional[torch.Tensor], k: int, layout: str,
             val.check_k(int(basis.shape[1]), d)
         return val.check_basis(basis, d), "given", None
     val.check_choice(layout, "layout", LAYOUTS)
+    if isinstance(W_U, torch.Tensor):
+        val.check_dense(W_U, "W_U")
     W = val.as_matrix(W_U, "W_U") if isinstance(W_U, (torch.Tensor, np.ndarray)) and W_U.ndim == 2 else W_U
     if not isinstance(W, (torch.Tensor, np.ndarray)):
         raise val.ArgumentTypeError(f"W_U must be a torch.Tensor or numpy.ndarray, got {type(W_U).__name__}")

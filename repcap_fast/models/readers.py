@@ -23,6 +23,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
+from .._validation import layout_problem
 from ._reader_base import (  # noqa: F401 - re-exported: the readers' interface and helpers
     _HUGE,
     MissingTensorError,
@@ -348,6 +349,7 @@ class _TorchReader(_Reader):
         try:
             with warnings.catch_warnings():  # torch's note on an unusual pickle protocol: noise beside the error
                 warnings.filterwarnings("ignore", message="Detected pickle protocol")
+                warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")  # refused on read
                 obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
         except pickle.UnpicklingError as exc:
             # torch wraps the weights-only unpickler's own error in a long message; that error says what is wrong
@@ -380,11 +382,21 @@ class _TorchReader(_Reader):
     def names(self):
         return list(self.tensors)
 
+    def _tensor(self, name):
+        """The tensor `name`, refused with the file and its layout when it is not dense (sparse, nested)."""
+        t = self.tensors[name]
+        problem = layout_problem(t)
+        if problem is not None:
+            which = f"the tensor {name!r}" if name else "its tensor"
+            raise ValueError(f"{self.path}: {which} is {problem.split(':')[0]}; save it dense (t.to_dense()) to "
+                             "read it")
+        return t
+
     def shape(self, name):
-        return tuple(self.tensors[name].shape)
+        return tuple(self._tensor(name).shape)
 
     def read(self, name, n_rows=None):
-        t = self.tensors[name]
+        t = self._tensor(name)
         if n_rows is None or t.dim() == 0:
             return t
         return t[:n_rows]

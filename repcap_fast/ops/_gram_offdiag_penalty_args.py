@@ -36,10 +36,15 @@ class _Inputs:
         return self.norms is not None
 
 
-def _check_x(X, min_rows: int = 2) -> torch.Tensor:
-    """X's type, rank, dtype and shape: metadata only, so it also runs while torch.compile traces."""
+def _check_x(X, min_rows: int = 2, allow_meta: bool = True) -> torch.Tensor:
+    """X's type, layout, rank, dtype and shape: metadata only, so it also runs while torch.compile traces.
+
+    A meta X is allowed where the op returns tensors (meta ones: shapes only, as any PyTorch op);
+    the functions that return Python numbers refuse it (allow_meta=False).
+    """
     if not isinstance(X, torch.Tensor):
         raise val.ArgumentTypeError(f"X must be a torch.Tensor (k x d, one vector per row), got {type(X).__name__}")
+    val.check_dense(X, "X", allow_meta=allow_meta)
     if X.dim() != 2:
         raise ValueError(f"X must be 2-D (k vectors x d dimensions), got shape {tuple(X.shape)}")
     if X.dtype not in val.FLOAT_DTYPES:

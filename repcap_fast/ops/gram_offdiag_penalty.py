@@ -309,8 +309,8 @@ def _gram_offdiag_max_op(X: Tensor, normalize: bool, backend: str, precision: st
 
 @_gram_offdiag_max_op.register_fake
 def _(X, normalize, backend, precision):
-    """A float64 0-d CPU tensor."""
-    return torch.empty((), dtype=torch.float64, device="cpu")
+    """A float64 0-d CPU tensor (a meta one for a meta X, whose value cannot be read)."""
+    return torch.empty((), dtype=torch.float64, device="meta" if X.is_meta else "cpu")
 
 
 # ------------------------------------------------------------------------ public functions
@@ -475,7 +475,7 @@ def gram_offdiag_log_penalty(X: torch.Tensor, p: int, backend: str = "auto",
         0.6931
     """
     def checks():
-        x = _check_x(X)
+        x = _check_x(X, allow_meta=False)  # a meta X has no ln L to return
         p_ = _p_arg(p)
         check_precision(precision, PENALTY_PRECISIONS)
         return x, p_, _backend_arg(backend)
@@ -567,7 +567,7 @@ def gram_offdiag_max(X: torch.Tensor, normalize: bool = True, backend: str = "au
     """
     def checks():
         check_precision(precision)
-        x = _check_x(X)
+        x = _check_x(X, allow_meta=False)  # a meta X has no ε* to return
         val.check_bool(normalize, "normalize")
         return x, _backend_arg(backend)
 

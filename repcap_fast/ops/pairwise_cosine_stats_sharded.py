@@ -50,6 +50,7 @@ def _check_block(A_local, bins, value_range, zero_rows, backend, precision) -> _
     check_precision(precision)
     val.check_choice(zero_rows, "zero_rows", ("error", "drop"))  # here too: an empty block is not checked below
     x = torch.as_tensor(A_local)
+    val.check_dense(x, "A_local")
     if x.dim() != 2:
         raise ValueError(f"A_local must be a 2-D block of rows, got shape {tuple(x.shape)}")
     name = resolve_backend(backend, x.device, "pairwise_cosine_stats")  # an unknown or unbuilt backend fails here
