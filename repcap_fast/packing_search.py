@@ -28,9 +28,10 @@ Not every (k, d) has a real ETF. The search refuses the (k, d) where none can ex
 conditions of Sustik, Tropp, Dhillon and Heath (2007): k ≤ d(d+1)/2 and the same for the Naimark
 complement (k, k − d); for k ≠ 2d and 1 < d < k − 1, 1/μ and λ1 odd integers; for k = 2d, k ≡ 2 mod 4
 and k − 1 a sum of two squares). Where the conditions hold but the search ends without F = 0 (too few
-`steps`, or no such frame), it returns the rows of the nearest tight frame to the best sign matrix it
-saw, normalized (so no longer exactly tight): the certificate gap of the result says how far that is
-from the optimum. Each move evaluates every orbit
+`steps`, or no such frame), it returns the packing of least ε* it saw: the start, or the normalized
+rows of the nearest tight frame to a sign matrix it evaluated (so no longer exactly tight); more
+steps never give a larger ε*. The certificate gap of the result says how far that is from the
+optimum. Each move evaluates every orbit
 flip with k×k products: the search refuses k > MAX_K.
 """
 
@@ -128,11 +129,11 @@ def symmetry_orbits(k: int, p: int) -> Tuple[np.ndarray, int]:
 
 
 def _tabu(labels: np.ndarray, n: int, a: int, b: int, moves: int, rng: np.random.Generator,
-          on_move: Callable[[float], bool]) -> Tuple[torch.Tensor, float]:
+          on_move: Callable[[float, torch.Tensor], bool]) -> Tuple[torch.Tensor, float]:
     """Tabu search over the orbit signs for `moves` moves; returns (best S, its F), stopping at F = 0.
 
-    on_move(F) is called with the F of each sign matrix evaluated; it returns False to stop (steps spent),
-    and that matrix does not count.
+    on_move(F, S) is called with each sign matrix evaluated and its F; it returns False to stop (steps
+    spent), and that matrix does not count.
     """
     k = labels.shape[0]
     ii, jj = np.nonzero(labels >= 0)
@@ -147,7 +148,7 @@ def _tabu(labels: np.ndarray, n: int, a: int, b: int, moves: int, rng: np.random
     for move in range(moves):
         M = S @ S - a * S - b * eye
         F = float((M * M).sum())  # an integer, exact in float64 for k ≤ MAX_K
-        if not on_move(F):
+        if not on_move(F, S):
             break
         if F < best:
             best_S, best = S, F
@@ -177,7 +178,8 @@ def equiangular_search(X: torch.Tensor, steps: int, seed: int, on_step: Callable
 
     Returns:
         torch.Tensor: k×d unit rows (float64, on X's device): the ETF when F reached 0, else the
-        rows of the nearest tight frame to the best sign matrix seen, normalized.
+        packing of least ε* seen: the start, or the normalized rows of the nearest tight frame to
+        one of the sign matrices evaluated. More steps never give a larger ε*.
     """
     k, d = X.shape
     check_size(k, d)
@@ -186,29 +188,47 @@ def equiangular_search(X: torch.Tensor, steps: int, seed: int, on_step: Callable
     rng = np.random.default_rng(seed)
     ansatze = [symmetry_orbits(k, p) for p in [1] + _primes(k)]
     step = 0
+    start = X.detach().to(device="cpu", dtype=torch.float64)
+    start = start / torch.linalg.vector_norm(start, dim=1, keepdim=True)
+    kept = [_coherence(start), start]  # the best packing seen, by its ε*: the start, then each step's frame
 
-    def on_move(F: float) -> bool:
+    def on_move(F: float, S: torch.Tensor) -> bool:
         nonlocal step
         if step >= steps:
             return False
         on_step(step, F)
         step += 1
+        rows = _frame(S, mu, d, start)
+        eps = _coherence(rows)
+        if eps < kept[0] or F == 0:  # an ETF meets the Welch bound: none is better
+            kept[:] = [eps, rows]
         return True
 
-    best_S, best = None, math.inf
+    best = math.inf
     rounds = 0
     while step < steps and best > 0:
         for labels, n in ansatze:
-            S, F = _tabu(labels, n, a, b, BASE_SLICE << rounds, rng, on_move)
-            if F < best:
-                best_S, best = S, F
+            best = min(best, _tabu(labels, n, a, b, BASE_SLICE << rounds, rng, on_move)[1])
             if best == 0 or step >= steps:
                 break
         rounds += 1
-    gram = torch.eye(k, dtype=torch.float64) + mu * best_S
+    return kept[1].to(X.device)
+
+
+def _frame(S: torch.Tensor, mu: float, d: int, start: torch.Tensor) -> torch.Tensor:
+    """The unit rows of the nearest tight frame to the Gram I + μS: the top-d eigenvectors times √(k/d).
+
+    At an ETF these are its vectors (eigenvalue k/d). A row that vanishes is replaced by start's.
+    """
+    k = S.shape[0]
+    gram = torch.eye(k, dtype=torch.float64) + mu * S
     v = torch.linalg.eigh(gram)[1][:, k - d:] * math.sqrt(k / d)  # the top d: eigenvalue k/d at an ETF
     norms = torch.linalg.vector_norm(v, dim=1, keepdim=True)
-    start = X.detach().to(device="cpu", dtype=torch.float64)
-    rows = torch.where(norms > 1e-8, v / norms.clamp_min(1e-300), start / torch.linalg.vector_norm(start, dim=1,
-                                                                                                    keepdim=True))
-    return rows.to(X.device)
+    return torch.where(norms > 1e-8, v / norms.clamp_min(1e-300), start)
+
+
+def _coherence(rows: torch.Tensor) -> float:
+    """ε* = max_{i≠j} |x_i·x_j| of unit rows (float64, k ≤ MAX_K: the k×k Gram is small)."""
+    g = (rows @ rows.T).abs()
+    g.fill_diagonal_(0.0)
+    return float(g.max())
