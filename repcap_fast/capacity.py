@@ -365,8 +365,11 @@ def _orders(order) -> np.ndarray:
     A numpy long double such as 8 + 2^-60 is refused, not rounded to 8 by a float64 conversion.
     """
     t = _reals(order, "order")  # refuses what is not real numbers
-    raw = np.asarray(order.detach().cpu().numpy() if isinstance(order, torch.Tensor) else order)
-    integral = raw.dtype.kind in "iu" or bool(np.all(raw == np.floor(raw)))  # in raw's own precision
+    if isinstance(order, torch.Tensor):  # in the tensor's own dtype (numpy has no bfloat16)
+        integral = not order.is_floating_point() or bool((order == order.floor()).all())
+    else:
+        raw = np.asarray(order)
+        integral = raw.dtype.kind in "iu" or bool(np.all(raw == np.floor(raw)))  # in raw's own precision
     if np.any(t < 1) or not integral:
         raise ValueError(f"welch_bound needs an integer order >= 1, got order={order!r}")
     return t

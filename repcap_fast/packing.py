@@ -460,9 +460,11 @@ def sweep(
 ) -> List[dict]:
     """Runs ``optimize`` on every cell (k, d) of a grid and writes each finished cell to `out` at once.
 
-    The cells run d outer, k inner; `out` (JSON, or CSV when it ends in .csv) is rewritten
-    atomically after each, so a killed sweep loses at most the cell in flight and a resume runs
-    only the cells not on disk. Every cell records its method and the method's settings
+    The cells run d outer, k inner; `out` (JSON, or CSV when it ends in .csv in any case) is
+    rewritten atomically after each, so a killed sweep loses at most the cell in flight and a
+    resume runs only the cells not on disk. A CSV file opens with a tag line and ends with a line
+    counting its cells (`# end: N cells`), so a file cut anywhere is refused when read; a symlink
+    at `out` is written through. Every cell records its method and the method's settings
     (``method``, ``p_start``, ``p``, ``polish_steps``), ``projection_steps``, steps, seed, dtype,
     precision and lr, and ε*, the statistics and the losses of its ``PackingResult``
     (``repcap_fast.sweep_file.CELL_FIELDS``).

@@ -109,7 +109,7 @@ _CSV_HEADERS = (CELL_FIELDS, _V4_FIELDS, _V3_FIELDS, _V2_FIELDS, _V1_FIELDS)
 # that counts its cells: a file cut anywhere, even between two rows, is refused when read. Files
 # written before these lines were introduced are read when they end with a newline (a cut inside
 # a row is refused; a cut between rows cannot be seen in them).
-_CSV_TAG = f"# {SWEEP_FORMAT} (CSV: this line, the header, one row per cell, and an end line with their count)"
+_CSV_TAG = f"# {SWEEP_FORMAT} CSV (this line; the header; one row per cell; an end line with their count)"
 _CSV_END = re.compile(r"# end: ([0-9]+) cells?\Z", re.ASCII)
 # What a CSV field of an int holds: ASCII digits with an optional sign (no 6_0, no non-ASCII digits)
 _CSV_INT = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
@@ -283,8 +283,8 @@ def _parse_csv_value(path: str, line: int, key: str, value):
         raise ValueError(f"{path}: line {line} has no {key} (too few fields)")
     if key in _STR_FIELDS:
         return value
-    if key in _INT_FIELDS and _CSV_INT.match(value):  # ASCII digits only: int() would take 6_0 and ٦٠
-        return int(value)
+    if key in _INT_FIELDS and _CSV_INT.match(value) and len(value) <= 24:  # ASCII digits only: int() takes 6_0, ٦٠
+        return int(value)  # (an int64 has at most 19 digits; longer ones are refused before int() sees them)
     if key not in _INT_FIELDS and value in ("", "None"):
         return None
     if key not in _INT_FIELDS and _CSV_FLOAT.match(value):

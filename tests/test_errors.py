@@ -79,8 +79,14 @@ class TestMatrixChecks:
             fn(good(10, 4), good(10, 5))
 
     def test_devices_differ(self, fn):
-        with pytest.raises(ValueError, match="A is on cpu but B is on meta"):
+        # The only other device on a CPU machine is meta, which is refused first (it holds no values);
+        # the two-device message is checked with a second device that has values in the GPU tests.
+        with pytest.raises(ValueError, match="B is on the meta device: it holds no values"):
             fn(good(), torch.empty(3, 4, device="meta"))
+        A, B = good(), good()
+        B.__class__ = type("OtherDevice", (torch.Tensor,), {"device": property(lambda self: torch.device("cuda:7"))})
+        with pytest.raises(ValueError, match="A is on cpu but B is on cuda:7"):
+            fn(A, B)
 
     @pytest.mark.parametrize("n_rows", [0, 11, -1])
     def test_n_rows_out_of_range(self, fn, n_rows):
@@ -121,7 +127,7 @@ def test_cuda_backend_not_built_says_how_to_build():
 
 
 def test_cpu_backend_refuses_gpu_or_meta_tensor():
-    with pytest.raises(RuntimeError, match="backend 'cpu' runs on CPU tensors"):
+    with pytest.raises(ValueError, match="A is on the meta device: it holds no values"):
         rf.pairwise_cosine_stats(torch.empty(4, 3, device="meta"), backend="cpu")
 
 

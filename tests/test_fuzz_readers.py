@@ -39,7 +39,7 @@ from repcap_fast.models import embeddings as embeddings_module
 from repcap_fast.models import load_embeddings, readers
 from repcap_fast.models.readers import open_reader
 from repcap_fast.models.sources import resolve_source
-from repcap_fast.sweep_file import CELL_FIELDS, is_sweep_file, load_cells, merge_cells, write_cells
+from repcap_fast.sweep_file import CELL_FIELDS, _certificate, is_sweep_file, load_cells, merge_cells, write_cells
 
 from _helpers import examples
 
@@ -355,8 +355,9 @@ def sharded_dir(directory):
 def cell(k, d, eps=0.25):
     rec = {key: 0.5 for key in CELL_FIELDS}
     rec.update(k=k, d=d, method="paper", steps=10, p_start=3, p=3, polish_steps=0, projection_steps=0, seed=0,
-               dtype="float32", precision="highest", lr=0.005, eps_star=eps, eps_over_welch=None, bound_name="welch",
+               dtype="float32", precision="highest", lr=0.005, eps_star=eps, eps_over_welch=None,
                restarts=1, best_seed=0)
+    rec.update(_certificate(k, d, eps))  # bound, bound_name, eps_minus_bound as the cell's k, d and ε* give them
     return rec
 
 
@@ -722,17 +723,17 @@ def test_sweep_cell_of_the_wrong_type_is_refused_when_read(tmp_path, field, valu
 
 def test_sweep_csv_cell_that_is_not_a_number(tmp_path):
     path = valid_sweep(tmp_path / "s.csv")
-    rows = list(csv.reader(open(path, newline="")))
-    rows[2][CELL_FIELDS.index("k")] = "thirty"
-    rows[3][CELL_FIELDS.index("eps_star")] = "big"
+    rows = list(csv.reader(open(path, newline="")))  # the tag line, the header, three cells, the end line
+    rows[3][CELL_FIELDS.index("k")] = "thirty"
+    rows[4][CELL_FIELDS.index("eps_star")] = "big"
     with open(path, "w", newline="") as fh:
         csv.writer(fh, lineterminator="\n").writerows(rows)
-    with pytest.raises(ValueError, match=r"s\.csv: line 3: k is 'thirty', not an int"):
+    with pytest.raises(ValueError, match=r"s\.csv: line 4: k is 'thirty', not an int"):
         load_cells(path)
-    rows[2][CELL_FIELDS.index("k")] = "30"
+    rows[3][CELL_FIELDS.index("k")] = "30"
     with open(path, "w", newline="") as fh:
         csv.writer(fh, lineterminator="\n").writerows(rows)
-    with pytest.raises(ValueError, match=r"s\.csv: line 4: eps_star is 'big', not a number"):
+    with pytest.raises(ValueError, match=r"s\.csv: line 5: eps_star is 'big', not a number"):
         load_cells(path)
 
 
@@ -743,7 +744,7 @@ def test_sweep_duplicate_cells(tmp_path, suffix):
     assert [(c["k"], c["d"]) for c in load_cells(path)] == [(20, 4), (30, 4)]
     write_cells(path, [cell(20, 4, 0.25), cell(30, 4), cell(20, 4, 0.5)])  # a conflicting repeat: refused
     with pytest.raises(ValueError, match=rf"s\{suffix}: records 1 and 3 are both the cell \(k=20, d=4\), with "
-                                         r"different values \(eps_star: 0\.25 vs 0\.5\)"):
+                                         r"different values \(eps_star: 0\.25 vs 0\.5, eps_minus_bound: "):
         load_cells(path)
 
 
@@ -757,7 +758,7 @@ def test_merge_cells_of_several_files(tmp_path):
     assert [(c["k"], c["d"]) for c in merged] == [(20, 4), (30, 4), (40, 4)]
     write_cells(b, [cell(30, 4, eps=0.9)])
     with pytest.raises(ValueError, match=r"the cell \(k=30, d=4\) is in .*s\.json and in .*s\.json\.part0 with "
-                                         r"different values \(eps_star: 0\.25 vs 0\.9\)"):
+                                         r"different values \(eps_star: 0\.25 vs 0\.9, eps_minus_bound: "):
         merge_cells([(a, load_cells(a)), (b, load_cells(b))])
 
 

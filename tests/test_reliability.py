@@ -357,7 +357,7 @@ def test_resume_refuses_a_cell_with_two_values_across_files(tmp_path):
     """A resume kept duplicate (k, d) cells with conflicting ε (the last one read won)."""
     out = tmp_path / "s.json"
     cells = packing.sweep([6], [3], out, steps=2, progress=False)
-    other = dict(cells[0], eps_star=cells[0]["eps_star"] - 0.1)
+    other = dict(cells[0], eps_star=cells[0]["eps_star"] - 0.1, eps_minus_bound=cells[0]["eps_minus_bound"] - 0.1)
     from repcap_fast.sweep_file import part_file, write_cells
 
     write_cells(part_file(str(out), 1), [other])

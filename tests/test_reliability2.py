@@ -540,4 +540,7 @@ def test_a_pga_survey_rerun_clears_the_reports_of_models_it_no_longer_has(npy, t
     _stop_at_the_first_report(monkeypatch)
     with pytest.raises(ReportReached):
         report.run_pga_survey([str(npy)], str(out), ReportSettings(), **_quiet())
-    assert os.listdir(out / "05_gone") == ["mine.txt"] and not (out / "survey.json").exists()
+    assert os.listdir(out / "05_gone") == ["mine.txt"]
+    survey_doc = json.loads((out / "survey.json").read_text())  # this run's: the earlier one is gone
+    assert survey_doc["complete"] is False and survey_doc["models"] == [] and "ReportReached" in survey_doc["failed"][
+        "error"]

@@ -331,9 +331,10 @@ def gram_offdiag_penalty(X: torch.Tensor, p: int = 8, normalize: bool = True, re
 
     Works inside ``torch.compile(fullgraph=True, dynamic=True)`` with no graph break: it is the op
     ``torch.ops.repcap_fast.gram_offdiag_penalty(X, p, normalize, reduction, backend, precision,
-    with_grad)`` → (L, ∂L/∂X), with a registered fake kernel and autograd formula. NaN/Inf rows
-    (and zero rows with normalize=True) raise the same ValueError in compiled code as in eager
-    mode; inside a CUDA graph (``mode="reduce-overhead"``) they fail a device-side assert.
+    with_grad)`` → (L, ∂L/∂X), with a registered fake kernel and autograd formula. Every bad
+    argument, NaN/Inf rows and zero rows with normalize=True raise the same exception with the
+    same message in compiled code as in eager mode; inside a CUDA graph
+    (``mode="reduce-overhead"``) the value checks fail a device-side assert.
 
     Args:
         X: (k, d) tensor, one vector per row (the paper's code stores vectors as columns), any
@@ -374,12 +375,13 @@ def gram_offdiag_penalty(X: torch.Tensor, p: int = 8, normalize: bool = True, re
                 [2., 0.]])
     """
     def checks():
+        x = _check_x(X)
         val.check_bool(normalize, "normalize")
         val.check_choice(reduction, "reduction", REDUCTIONS)
         check_precision(precision, PENALTY_PRECISIONS)
-        return _p_arg(p), _backend_arg(backend)
+        return x, _p_arg(p), _backend_arg(backend)
 
-    args, failed = checked(lambda: (_check_x(X),) + checks(), lambda error: error)
+    args, failed = checked(checks, lambda error: error)
     if failed is not None:
         return failed  # the graph raises the eager error when it runs (torch.compile)
     X, p_, backend_ = args
