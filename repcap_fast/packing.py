@@ -510,7 +510,8 @@ def sweep(
 
     Raises:
         ValueError: an argument as ``optimize`` refuses it (an ``ArgumentTypeError``, also a
-            TypeError, for a wrong type), ks or ds empty, `out` a folder, not writable, or an
+            TypeError, for a wrong type), ks or ds empty or with more than 100,000 values
+            (``sweep_file.MAX_GRID_VALUES``, counted before any list is built), `out` a folder, not writable, or an
             existing file that is not a sweep file, a torn or corrupt sweep file on resume, a
             cell of `out` made with other settings, another sweep writing `out`, or a cell left
             to run that does not fit in memory.

@@ -242,9 +242,11 @@ def test_ctrl_c_of_a_sweep_exits_130_with_one_line(tmp_path):
 def test_a_real_sigint_to_a_running_sweep_exits_130(tmp_path):
     out = tmp_path / "cells.json"
     proc = subprocess.Popen([sys.executable, "-m", "repcap_fast.cli", "sweep", "--ks", "400", "--ds", "8",
-                             "--steps", "100000", "--out", str(out), "--no-progress"],
+                             "--steps", "100000", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)
+    first = proc.stderr.read(1)  # the progress bar: the sweep is running (not still importing)
+    assert first, "the sweep printed nothing"
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -275,15 +277,33 @@ def test_the_survey_help_matches_what_it_accepts(capsys):
 # ----------------------------------------------------- smaller: read-only folders, as a user
 
 
-def _repcap_as_a_user(args, read_only_mount=None):
-    """(exit status, stderr) of `repcap args` run as a normal user would meet permissions.
+# Each runs after the control: the same user reads the input and writes a writable folder.
+READ_ONLY_COMMANDS = [["epsilon", "{pt}", "--json", "{rw}/eps.json"],
+                      ["sweep", "--ks", "6", "--ds", "3", "--steps", "1", "--out", "{ro}/cells.json"],
+                      ["report", "{pt}", "--out", "{ro}/report"],
+                      ["epsilon", "{pt}", "--json", "{ro}/eps.json"]]
+_RUN_EACH = """
+import contextlib, io, json, sys
+from repcap_fast.cli import main
+out = []
+for args in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = main(args)
+    out.append([status, err.getvalue()])
+print(json.dumps(out))
+"""
+
+
+def _repcap_as_a_user(commands, read_only_mount=None):
+    """[(exit status, stderr)] of `repcap` on each of `commands`, run as a normal user meets permissions.
 
     Root passes every permission check, so a read-only folder means nothing to it: as root the
-    command runs without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (setpriv), so permission bits
-    apply as to any user. With read_only_mount, that folder is bind-mounted read-only first, in a
-    mount namespace of the command's own (unshare -m).
+    commands run in one process without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (setpriv), so
+    permission bits apply as to any user. With read_only_mount, that folder is bind-mounted
+    read-only first, in a mount namespace of the process's own (unshare -m).
     """
-    command = [sys.executable, "-m", "repcap_fast.cli", *args]
+    command = [sys.executable, "-c", _RUN_EACH, json.dumps(commands)]
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
             pytest.skip("setpriv (util-linux) is not installed")
@@ -296,17 +316,15 @@ def _repcap_as_a_user(args, read_only_mount=None):
         command = ["unshare", "-m", "sh", "-c",
                    f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} && exec {quoted}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    if read_only_mount is not None and "mount:" in done.stderr:
+    if read_only_mount is not None and done.returncode != 0 and "mount:" in done.stderr:
         pytest.skip(f"no read-only bind mount here: {done.stderr.strip()[:200]}")
-    return done.returncode, done.stderr
+    assert done.returncode == 0, done.stderr
+    return [tuple(r) for r in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX permissions")
-@pytest.mark.parametrize("command", [["sweep", "--ks", "6", "--ds", "3", "--steps", "1", "--out", "{ro}/cells.json"],
-                                     ["report", "{pt}", "--out", "{ro}/report"],
-                                     ["epsilon", "{pt}", "--json", "{ro}/eps.json"]])
 @pytest.mark.parametrize("how", ["permissions", "read-only mount"])
-def test_a_read_only_output_folder_is_refused_before_any_work_for_a_normal_user(tmp_path, command, how):
+def test_a_read_only_output_folder_is_refused_before_any_work_for_a_normal_user(tmp_path, how):
     ro, rw = tmp_path / "readonly", tmp_path / "writable"
     ro.mkdir()
     rw.mkdir()
@@ -314,14 +332,14 @@ def test_a_read_only_output_folder_is_refused_before_any_work_for_a_normal_user(
     torch.save({"embed_tokens.weight": torch.randn(40, 8)}, pt)
     if how == "permissions":
         os.chmod(ro, 0o555)
-        # the control: the same user reads the input and writes a writable folder
-        assert _repcap_as_a_user(["epsilon", str(pt), "--json", str(rw / "eps.json")])[0] == 0
-    status, err = _repcap_as_a_user([a.format(ro=ro, pt=pt) for a in command],
-                                    read_only_mount=str(ro) if how == "read-only mount" else None)
-    lines = err.strip().splitlines()
-    assert status == 2 and len(lines) == 1, err
+    commands = [[a.format(ro=ro, rw=rw, pt=pt) for a in c] for c in READ_ONLY_COMMANDS]
+    results = _repcap_as_a_user(commands, read_only_mount=str(ro) if how == "read-only mount" else None)
+    assert results[0] == (0, ""), results[0]  # the control
     why = "Permission denied" if how == "permissions" else "Read-only file system"
-    assert lines[0].startswith("repcap: error:") and "readonly" in lines[0] and why in lines[0], err
+    for args, (status, err) in zip(commands[1:], results[1:]):
+        lines = err.strip().splitlines()
+        assert status == 2 and len(lines) == 1, (args, err)
+        assert lines[0].startswith("repcap: error:") and "readonly" in lines[0] and why in lines[0], (args, err)
     assert os.listdir(ro) == []
 
 
