@@ -354,3 +354,12 @@ def checkpoint(directory, tensors, config=None):
     if config is not None:
         write_json(os.path.join(directory, "config.json"), config)
     return str(directory)
+
+
+def raised(fn, *args):
+    """(type, message) of the exception fn(*args) raises, or None: to compare errors across modes."""
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001  the type itself is what is compared
+        return type(exc), str(exc)
+    return None

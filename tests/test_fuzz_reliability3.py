@@ -16,7 +16,7 @@ from repcap_fast._backends import build_info
 from repcap_fast.reference import gram_offdiag_penalty_reference
 from repcap_fast.sweep_file import read_cells, write_cells
 
-from _helpers import examples
+from _helpers import examples, raised
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
@@ -96,14 +96,6 @@ BAD_ARGS = st.one_of(
 )
 
 
-def _outcome(fn, *args):
-    try:
-        fn(*args)
-    except Exception as exc:  # noqa: BLE001  the type itself is what is compared
-        return type(exc), str(exc)
-    return None
-
-
 @needs_c
 @settings(max_examples=examples(25))
 @given(case=st.one_of(st.tuples(BAD_X, st.just({})), st.tuples(GOOD_X, BAD_ARGS)),
@@ -114,10 +106,10 @@ def test_compiled_code_raises_the_eager_error_for_random_bad_arguments(case, op)
           "row_stats": lambda x: rf.gram_offdiag_row_stats(x, **kwargs)[1],
           "log_penalty": lambda x: rf.gram_offdiag_log_penalty(x, kwargs.get("p", 4), **{
               k: v for k, v in kwargs.items() if k in ("backend", "precision")})[1]}[op]
-    eager = _outcome(fn, x)
+    eager = raised(fn, x)
     hypothesis.assume(eager is not None)
     torch._dynamo.reset()
-    assert _outcome(torch.compile(fn, fullgraph=True, backend="aot_eager"), x) == eager
+    assert raised(torch.compile(fn, fullgraph=True, backend="aot_eager"), x) == eager
 
 
 # ----------------------------------------------------------------- higher-order autograd

@@ -17,6 +17,8 @@ from repcap_fast import capacity
 from repcap_fast._backends import build_info
 from repcap_fast.reference import gram_offdiag_penalty_reference
 
+from _helpers import raised
+
 needs_c = pytest.mark.skipif(not build_info(), reason="repcap_fast._C is not built")
 
 
@@ -254,26 +256,18 @@ def _applies(op, scope):
 MATRIX = [(op, check) for op in OPS for check, (_, _, scope) in CHECKS.items() if _applies(op, scope)]
 
 
-def _error(fn, *args):
-    try:
-        fn(*args)
-    except Exception as exc:  # noqa: BLE001  the type itself is what is compared
-        return type(exc), str(exc)
-    return None
-
-
 @needs_c
 @pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("op, check", MATRIX, ids=[f"{op}-{check}" for op, check in MATRIX])
 def test_every_argument_check_raises_the_eager_error_in_fullgraph_compiled_code(op, check, compiler, caplog):
     x, overrides, _ = CHECKS[check]
     fn = OPS[op]
-    eager = _error(lambda x: fn(x, **overrides), x)
+    eager = raised(lambda x: fn(x, **overrides), x)
     assert eager is not None and issubclass(eager[0], ValueError)  # every check's error is a ValueError
     torch._dynamo.reset()
     compiled = torch.compile(lambda x: fn(x, **overrides), fullgraph=True, backend=compiler)
     with caplog.at_level("ERROR"):
-        assert _error(compiled, x) == eager
+        assert raised(compiled, x) == eager
     assert not [r for r in caplog.records if r.levelname == "ERROR"]  # no logged tracebacks either
 
 
@@ -317,7 +311,7 @@ def test_dynamic_shapes_keep_the_error_and_the_good_calls_still_compile_once():
 @pytest.mark.parametrize("check", ["one row", "int64 X", "1-D X", "NaN value", "zero row"])
 def test_the_analysis_ops_run_eagerly_in_compiled_code_with_the_eager_errors(fn, check):
     x = CHECKS[check][0]
-    eager = _error(fn, x)
+    eager = raised(fn, x)
     assert eager is not None
     torch._dynamo.reset()
-    assert _error(torch.compile(fn, backend="aot_eager"), x) == eager
+    assert raised(torch.compile(fn, backend="aot_eager"), x) == eager
