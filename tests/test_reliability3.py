@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import repcap_fast as rf
-from repcap_fast import capacity
+from repcap_fast import capacity, coherence_bounds
 from repcap_fast._backends import build_info
 from repcap_fast.reference import gram_offdiag_penalty_reference
 
@@ -156,7 +156,7 @@ def test_the_orders_past_the_first_zero_cannot_raise_the_bound():
     assert capacity.welch_bound(1000, 10, 4) > 0.0
     assert [capacity.welch_bound(1000, 10, t) for t in range(5, 40)] == [0.0] * 35
     for max_order in (4, 10**6):
-        assert capacity._welch_orders(1000, 10, max_order).shape == (4,)
+        assert coherence_bounds._welch_orders(1000, 10, max_order).shape == (4,)
     assert capacity.coherence_floor(1000, 10, max_order=4) == capacity.coherence_floor(1000, 10, max_order=10**6)
 
 

@@ -15,11 +15,12 @@ gram_offdiag_log_penalty, gram_offdiag_row_stats, gram_offdiag_max} (schema, fak
 the penalty a registered autograd formula; their implementations check the data and run the rest)
 → ``_gram_offdiag_penalty`` (dispatch) → ``KERNELS["gram_offdiag_penalty"][backend]``
 (``_gram_offdiag_penalty_compiled`` for cpu and cuda, ``_gram_offdiag_penalty_triton``,
-``_gram_offdiag_penalty_torch``) → the kernel-layer ops (torch.ops.repcap_fast.gram_offdiag_penalty_rows
-from csrc/, gram_offdiag_penalty_rows_triton around triton_kernels/) → the kernels. Every launcher
-takes (q, x, row_offset, p, with_grad, precision): the rows q = x[row_offset: row_offset + m]
-against all k rows of x (the square penalty: q = x, row_offset = 0), and returns (row_max [m]
-x.dtype, row_sum float64 [m], grad_dir [m, d] or an empty tensor), as csrc/module.cpp states.
+``_gram_offdiag_penalty_torch``, in ``_gram_offdiag_penalty_launchers``) → the kernel-layer ops
+(torch.ops.repcap_fast.gram_offdiag_penalty_rows from csrc/, gram_offdiag_penalty_rows_triton
+around triton_kernels/) → the kernels. Every launcher takes (q, x, row_offset, p, with_grad,
+precision): the rows q = x[row_offset: row_offset + m] against all k rows of x (the square
+penalty: q = x, row_offset = 0), and returns (row_max [m] x.dtype, row_sum float64 [m], grad_dir
+[m, d] or an empty tensor), as csrc/module.cpp states.
 
 Inside a CUDA graph capture (torch.compile's mode="reduce-overhead") the ops read no value on the
 host: the data checks become device-side asserts (torch._assert_async) and the gradient's per-row
@@ -37,14 +38,10 @@ from .. import _validation as val
 from .._backends import (
     PENALTY_PRECISIONS,
     check_precision,
-    cublas_precision,
     launcher,
-    precision_code,
-    register_kernel,
     resolve_backend,
-    triton_kernels,
 )
-from .._ops import gram_offdiag_penalty_rows_fake
+from . import _gram_offdiag_penalty_launchers  # noqa: F401  registers the backend launchers
 from ._compiled_errors import checked
 from ._gram_offdiag_penalty_args import _backend_arg, _check_block_rows, _check_x, _Inputs, _p_arg, check_penalty_p
 from ._gram_offdiag_penalty_autograd import GramOffdiagPenaltyFunction, _penalty_backward, _penalty_setup_context
@@ -578,59 +575,3 @@ def gram_offdiag_max(X: torch.Tensor, normalize: bool = True, backend: str = "au
         return failed  # the graph raises the eager error when it runs (torch.compile)
     X, backend_ = args
     return float(torch.ops.repcap_fast.gram_offdiag_max(X.detach(), normalize, backend_, precision))
-
-
-# ------------------------------------------------------------------------------- launchers
-
-
-@register_kernel("gram_offdiag_penalty", "cpu", "cuda")
-def _gram_offdiag_penalty_compiled(q, x, row_offset, p, with_grad, precision):
-    """The C++ op (csrc/gram_offdiag_penalty_ops.cpp).
-
-    It rounds the operands at `precision` (the CPU's emulation of the tensor cores), and its CUDA
-    launcher forms the Gram panels and the weight products with cuBLAS (TF32 tensor cores for
-    "tf32" and "bf16").
-    """
-    with cublas_precision(precision, x.device):
-        return torch.ops.repcap_fast.gram_offdiag_penalty_rows(q, x, row_offset, p, with_grad,
-                                                               precision_code(precision))
-
-
-@register_kernel("gram_offdiag_penalty", "triton")
-def _gram_offdiag_penalty_triton(q, x, row_offset, p, with_grad, precision):
-    """The Triton kernels, through their custom op."""
-    return torch.ops.repcap_fast.gram_offdiag_penalty_rows_triton(q, x, row_offset, p, with_grad, precision)
-
-
-@torch.library.custom_op("repcap_fast::gram_offdiag_penalty_rows_triton", mutates_args=())
-def _gram_offdiag_penalty_rows_triton(q: Tensor, x: Tensor, row_offset: int, p: int, with_grad: bool,
-                                      precision: str) -> Tuple[Tensor, Tensor, Tensor]:
-    """The Triton kernels as a custom op.
-
-    The contract of torch.ops.repcap_fast.gram_offdiag_penalty_rows (csrc/module.cpp), with
-    precision by name.
-    """
-    return triton_kernels().gram_offdiag_penalty_triton(q, x, row_offset, p, with_grad, precision)
-
-
-_gram_offdiag_penalty_rows_triton.register_fake(gram_offdiag_penalty_rows_fake)
-
-
-@register_kernel("gram_offdiag_penalty", "torch")
-def _gram_offdiag_penalty_torch(q, x, row_offset, p, with_grad, precision):
-    """The same contract in plain PyTorch, in float64 whatever x's dtype (precision does not apply).
-
-    The m×k Gram rows g = q xᵀ materialized, the diagonal entries g[r, row_offset + r] masked,
-    r = |g|/m per row; row_max and grad_dir rounded to x's dtype.
-    """
-    q64, x64 = q.to(torch.float64), x.to(torch.float64)
-    g = q64 @ x64.T
-    rows = torch.arange(q.shape[0], device=x.device)
-    g[rows, row_offset + rows] = 0.0
-    a = g.abs()
-    row_max = a.amax(dim=1)
-    ratio = a / torch.where(row_max > 0, row_max, torch.ones_like(row_max))[:, None]
-    row_sum = ratio.pow(p).sum(dim=1)
-    grad_dir = (torch.sign(g) * ratio.pow(p - 1)) @ x64 if with_grad else None
-    return (row_max.to(x.dtype), row_sum,
-            grad_dir.to(x.dtype) if with_grad else x.new_empty(0))
