@@ -6,6 +6,8 @@ simulation and Subspace PGA on C++ CPU, Triton and CUDA kernels; real models off
 The three ops are in repcap_fast.ops, one module each. See README.md and DESIGN.md.
 """
 
+import logging as _logging
+
 from . import (
     _ops,  # noqa: F401  loads repcap_fast._C (the ops) and registers their fake kernels
     capacity,
@@ -29,6 +31,10 @@ from .ops.gram_offdiag_penalty import (
 from .ops.pairwise_cosine_stats import CosineMoments, CosineStats, cosine_moments, epsilon, pairwise_cosine_stats
 from .ops.pairwise_cosine_stats_sharded import pairwise_cosine_stats_sharded
 from .ops.subspace_pga import PGAResult, subspace_pga
+
+# Library code never prints: it logs on the "repcap_fast" logger (and its children) and warns.
+# Without a handler configured by the application, INFO lines go nowhere; `repcap` prints them.
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 # Renamed: gram_offdiag_rows -> gram_offdiag_row_stats (deprecated, removed in the next release).
 __getattr__ = moved_names(__name__, {"gram_offdiag_rows": ("repcap_fast", "gram_offdiag_row_stats")})

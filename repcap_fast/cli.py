@@ -7,10 +7,9 @@
 from __future__ import annotations
 
 import argparse
-import collections.abc
 import contextlib
-import itertools
 import json
+import logging
 import math
 import os
 import sys
@@ -20,18 +19,18 @@ import warnings
 import numpy as np
 import torch
 
+from . import _cli_parser, capacity, distributed, fitting, packing, plotting
 from . import _validation as val
-from . import capacity, distributed, fitting, packing, plotting
-from ._backends import BACKENDS, PENALTY_PRECISIONS, PRECISIONS, BackendUnavailableError, info
+from ._backends import BackendUnavailableError, info
 from ._deprecated import moved_names
 from ._outputs import check_no_clobber, check_plot_suffix
 from ._validation import DTYPE_NAMES
 from ._version import __version__
-from .models import DEFAULT_MODEL, INITS, LAST_LAYER_POINTS, load_embeddings, resolve_source
+from .models import load_embeddings, resolve_source
 from .models.casting import cast
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
-from .report import CONTROLS, ReportSettings, run_pga_survey, run_report, run_survey
+from .report import ReportSettings, run_pga_survey, run_report, run_survey
 from .sweep_file import MAX_GRID_VALUES
 
 
@@ -171,15 +170,6 @@ def _write_json(path: str, payload: dict) -> None:
     print(f"wrote       {path}")
 
 
-def _n_rows(text: str):
-    if text in ("tokenizer", "vocab"):
-        return "tokenizer"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int or 'tokenizer', got {text!r}") from None
-
-
 def _cmd_pack(args) -> int:
     _check_outputs(args, "json", "plot")
     _check_device_arg(args)
@@ -215,43 +205,6 @@ def _cmd_pack(args) -> int:
                                else "(1/p)·ln Σ|ĝ|^p (log of a smooth max of |ĝ|)", "log_scale": False}))
         print(f"wrote       {args.plot}")
     return 0
-
-
-def _int_list(text: str):
-    """"1000,2000" or "1000:8000:1000" (start:stop:step, stop included), as ranges.
-
-    The values are counted from the ranges (len of a range is arithmetic), so a range of 10^12
-    values is refused (by the sweep, naming the option) before any list is built.
-    """
-    parts = []
-    for part in text.split(","):
-        part = part.strip()
-        if ":" in part:
-            start, stop, step = (int(v) for v in part.split(":"))
-            if step <= 0:
-                raise argparse.ArgumentTypeError(f"step must be > 0 in {part!r}")
-            parts.append(range(start, stop + 1, step))
-        elif part:
-            parts.append(range(int(part), int(part) + 1))
-    if not any(len(r) for r in parts):
-        raise argparse.ArgumentTypeError(f"no values in {text!r}")
-    return _Grid(parts)
-
-
-class _Grid(collections.abc.Sequence):
-    """The values of --ks or --ds: ranges, concatenated lazily (len without listing them)."""
-
-    def __init__(self, parts):
-        self.parts = parts
-
-    def __len__(self):
-        return sum(len(r) for r in self.parts)
-
-    def __getitem__(self, index):
-        return list(itertools.chain.from_iterable(self.parts))[index]
-
-    def __iter__(self):
-        return itertools.chain.from_iterable(self.parts)
 
 
 def _cmd_sweep(args) -> int:
@@ -302,15 +255,6 @@ def _cmd_fit(args) -> int:
     return 0
 
 
-def _layers(text: str):
-    if text == "all":
-        return "all"
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'all' or comma-separated ints, got {text!r}") from None
-
-
 def _cmd_report(args) -> int:
     _check_device_arg(args)
     settings = _report_settings(args)
@@ -330,10 +274,6 @@ def _report_settings(args) -> ReportSettings:
                           zero_rows=args.zero_rows, batch_size=args.batch_size, text_file=args.text or args.jsonl,
                           jsonl_key=args.jsonl_key, init=args.init, last_layer=args.last_layer,
                           probe_file=args.probe, probe_folds=args.probe_folds)
-
-
-_PGA_ONLY = ("text", "jsonl", "jsonl_key", "n_tokens", "layers", "k", "n_null", "ccr", "seed", "dtype", "batch_size",
-             "precision", "init", "last_layer", "probe", "probe_folds", "agreement_null")
 
 
 def _cmd_survey(args) -> int:
@@ -357,149 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         argparse.ArgumentParser: the parser (`repcap --help` is its help).
     """
-    parser = argparse.ArgumentParser(prog="repcap", description="repcap_fast: representation geometry of LMs")
-    parser.add_argument("--version", action="version", version=f"repcap_fast {__version__}")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the full traceback of an error (by default: one line, exit code 2)")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_info = sub.add_parser("info", help="what was built and which backend each op uses")
-    p_info.set_defaults(func=_cmd_info)
-    p_eps = sub.add_parser("epsilon", help="ε, class and capacity of an embedding matrix")
-    source_help = (f"a model directory, .safetensors, .gguf, .npy or .pt file, a Hugging Face repo id in the local "
-                   f"cache, or an alias: minilm, smollm2 (default: {DEFAULT_MODEL})")
-    p_eps.add_argument("source", nargs="?", default=None, help=source_help)
-    p_eps.add_argument("--which", choices=("input", "output"), default="input",
-                       help="the input embedding (default) or the unembedding W_U")
-    p_eps.add_argument("--tensor", help="tensor name inside the file (default: from the architecture)")
-    p_eps.add_argument("--n-rows", type=_n_rows, help="use only the first N rows, or 'tokenizer': only the real tokens "
-                       "of a padded vocabulary")
-    p_eps.add_argument("--zero-rows", choices=("error", "drop"), default="error")
-    p_eps.add_argument("--bins", type=int, default=4096)
-    p_eps.add_argument("--k-sigma", type=float, default=2.0)
-    p_eps.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
-    p_eps.add_argument("--precision", choices=PRECISIONS, default="highest")
-    p_eps.add_argument("--dtype", choices=tuple(DTYPE_NAMES), help="cast the matrix first")
-    p_eps.add_argument("--device", help="e.g. cuda, cuda:1 (default: where it was loaded, the CPU)")
-    p_eps.add_argument("--json", metavar="PATH", help="write results with provenance")
-    p_eps.add_argument("--plot", metavar="PATH", help="write a PNG of the cosine histogram")
-    p_eps.add_argument("--no-progress", dest="progress", action="store_false")
-    p_eps.set_defaults(func=_cmd_epsilon)
-
-    def packing_options(p, grid: bool):
-        p.add_argument("--method", choices=packing.METHODS, default="paper",
-                       help="the optimizer (default: paper, the published one; minimax packs tightest)")
-        p.add_argument("--steps", type=int, default=5000, help="optimizer steps (default 5000, the paper's)")
-        p.add_argument("--p", type=int, default=None, help="penalty exponent of the paper's method (default "
-                       "min(int(m/ln d), 20)); the last p of the continuation methods (default 1024)")
-        p.add_argument("--p-start", type=int, default=None, help="the first p of the continuation methods (default 4)")
-        p.add_argument("--polish-steps", type=int, default=None,
-                       help="active-set polish steps after the optimizer (default 40 for minimax, else 0)")
-        p.add_argument("--projection-steps", type=int, default=0,
-                       help="alternating-projection polish steps after the optimizer, before the active-set "
-                            "polish (default 0; k <= 4096)")
-        p.add_argument("--lr", type=float, default=None, help="Adam lr (default 0.005 if d <= 1024 else 0.0025; the "
-                       "continuation methods start at twice that and decay to 1%% of their start)")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--restarts", type=int, default=1, help="seeded starts (seeds seed, seed+1, ...) per cell, "
-                       "keeping the one of least eps* (default 1)")
-        p.add_argument("--device", default="cpu", help="e.g. cpu, cuda, cuda:1")
-        p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
-        p.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
-        p.add_argument("--no-progress", dest="progress", action="store_const", const=False,
-                       default=True if grid else None)
-        p.add_argument("--precision", choices=PENALTY_PRECISIONS, default="highest",
-                       help="operands of the penalty steps' float32 GEMMs: highest (IEEE float32, default), tf32 or "
-                            "bf16 (GPU tensor cores; the cpu backend emulates them by rounding the operands); "
-                            "eps*, mu+2sigma and the reported losses always come from the exact kernel"
-                            + ("; recorded in --out, and a resume never mixes precisions" if grid else ""))
-
-    p_pack = sub.add_parser("pack", help="packing simulation of one (k, d) cell")
-    p_pack.add_argument("--k", type=int, required=True, help="number of vectors")
-    p_pack.add_argument("--d", type=int, required=True, help="dimension")
-    packing_options(p_pack, grid=False)
-    p_pack.add_argument("--json", metavar="PATH", help="write the result and loss history")
-    p_pack.add_argument("--plot", metavar="PATH", help="write a PNG of the loss curve")
-    p_pack.set_defaults(func=_cmd_pack)
-
-    p_sweep = sub.add_parser("sweep", help="packing simulations over a (k, d) grid; resumes")
-    p_sweep.add_argument("--ks", type=_int_list, required=True, help='e.g. "2000:32000:2000" or "1000,2000"')
-    p_sweep.add_argument("--ds", type=_int_list, required=True, help='e.g. "32,64,128"')
-    p_sweep.add_argument("--out", required=True, help="results file (.json, or .csv); rewritten after each cell")
-    p_sweep.add_argument("--restart", action="store_true", help="ignore the cells already in --out")
-    packing_options(p_sweep, grid=True)
-    p_sweep.set_defaults(func=_cmd_sweep)
-
-    def analysis_options(p):
-        """The options of a report (also `survey --pga`)."""
-        p.add_argument("--text", metavar="FILE", help="plain text to sample tokens from (default: the bundled "
-                       "public-domain corpus, The Adventures of Sherlock Holmes)")
-        p.add_argument("--jsonl", metavar="FILE", help="JSON lines with a text field (see --jsonl-key)")
-        p.add_argument("--jsonl-key", default="text")
-        p.add_argument("--n-tokens", type=int, default=2048, help="tokens sampled for the hidden states (default 2048)")
-        p.add_argument("--layers", type=_layers, default="all", help="'all' or e.g. 0,6,12")
-        p.add_argument("--k", type=int, default=100, help="readout subspace dimension (default 100)")
-        p.add_argument("--n-null", type=int, default=100, help="random subspaces in the null (default 100)")
-        p.add_argument("--ccr", type=_int_list, default=[1, 5, 10], help="CCR variants (default 1,5,10)")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--device", default="cpu", help="e.g. cpu, cuda")
-        p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="model dtype")
-        p.add_argument("--batch-size", type=int, default=8)
-        p.add_argument("--n-rows", type=_n_rows, help="first N rows of the embeddings, or 'tokenizer'")
-        p.add_argument("--zero-rows", choices=("error", "drop"), default="error",
-                       help="embedding rows that are all zero: stop with an error (default), or drop and count them")
-        p.add_argument("--bins", type=int, default=4096)
-        p.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
-        p.add_argument("--precision", choices=PRECISIONS, default="highest",
-                       help="float32 products of the ε and PGA kernels (tf32: GPU tensor cores)")
-        p.add_argument("--init", choices=INITS, default="trained",
-                       help="trained: the weights (default); random: the same architecture built from its config at "
-                            "initialization, seeded with --seed (needs only config.json and a tokenizer)")
-        p.add_argument("--last-layer", choices=LAST_LAYER_POINTS, default="final_norm",
-                       help="the point of the residual stream the last layer is read at: final_norm (default; "
-                            "transformers' last hidden state, after the final norm) or resid_post (the last block's "
-                            "output before it, as TransformerLens's hook_resid_post)")
-        p.add_argument("--probe", metavar="FILE.jsonl",
-                       help="labelled texts (JSON lines with text and label keys): a logistic-regression probe per "
-                            "layer, k-fold cross-validated and seeded, reported next to z (needs scikit-learn: "
-                            "pip install 'repcap_fast[probe]')")
-        p.add_argument("--probe-folds", type=int, default=5, help="cross-validation folds of the probes (default 5)")
-
-    p_rep = sub.add_parser("report", help="the full analysis of one model: ε, capacity, Subspace-PGA profile, spectra")
-    p_rep.add_argument("source", nargs="?", default=None, help=source_help)
-    p_rep.add_argument("--out", default="repcap_report", help="output folder (default ./repcap_report)")
-    analysis_options(p_rep)
-    p_rep.add_argument("--control", choices=CONTROLS,
-                       help="random: analyse the weights and their random-init control side by side (OUT/trained, "
-                            "OUT/random_init, and a comparison in OUT/report.md)")
-    p_rep.add_argument("--no-progress", dest="progress", action="store_false")
-    p_rep.set_defaults(func=_cmd_report)
-
-    p_sur = sub.add_parser("survey", help="several models side by side: d_model, ε, class, capacity")
-    p_sur.add_argument("sources", nargs="+", help="one or more sources (as for report); the table compares them")
-    p_sur.add_argument("--out", default="repcap_survey", help="output folder (default ./repcap_survey)")
-    p_sur.add_argument("--pga", action="store_true",
-                       help="Subspace PGA across the models or checkpoints: each one's whole report (OUT/NN_name), z "
-                            "per (layer, model) as a table, a heatmap and trajectories over relative depth, the "
-                            "top-PC readout mass, and cross-model agreement of models that share a tokenizer "
-                            "(the report options below apply)")
-    p_sur.add_argument("--agreement-null", type=int, default=10,
-                       help="random subspaces per model in the cross-model agreement (default 10)")
-    analysis_options(p_sur)
-    p_sur.add_argument("--no-progress", dest="progress", action="store_false")
-    p_sur.set_defaults(pga_only_defaults={a.dest: a.default for a in p_sur._actions if a.dest in _PGA_ONLY})
-    p_sur.set_defaults(func=_cmd_survey)
-
-    p_fit = sub.add_parser("fit", help="fit the capacity constants to sweep results")
-    p_fit.add_argument("results", help="a sweep file (.json or .csv)")
-    p_fit.add_argument("--form", choices=("all",) + tuple(fitting.FIT_FORMS), default="all")
-    p_fit.add_argument("--eps-key", default="eps_star", help="the measured ε (default eps_star; or mu_plus_2sigma)")
-    p_fit.add_argument("--json", metavar="PATH", help="write the constants and metrics")
-    p_fit.add_argument("--plot", metavar="PATH", help="write PNGs of data against fit (one per form)")
-    p_fit.set_defaults(func=_cmd_fit)
-    for command in sub.choices.values():  # --debug also after the command (repcap pack --debug ...)
-        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                             help="show the full traceback of an error")
-    return parser
+    return _cli_parser.build_parser({"info": _cmd_info, "epsilon": _cmd_epsilon, "pack": _cmd_pack,
+                                     "sweep": _cmd_sweep, "report": _cmd_report, "survey": _cmd_survey,
+                                     "fit": _cmd_fit})
 
 
 _DISTRIBUTED_COMMANDS = ("epsilon", "pack", "sweep")
@@ -518,6 +318,36 @@ def main(argv=None) -> int:
         int: the exit status (0 on success, 2 on such an error, 130 when interrupted by Ctrl-C).
     """
     args = build_parser().parse_args(argv)
+    with _printed_log():
+        return _run(args)
+
+
+class _PrintHandler(logging.Handler):
+    """Prints each record's message to the current sys.stdout (so redirect_stdout applies)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), flush=True)
+        except Exception:  # noqa: BLE001 -- logging's own contract: never raise from emit
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _printed_log():
+    """While a command runs, the library's INFO lines (the report's stages) print as they did."""
+    logger = logging.getLogger("repcap_fast")
+    handler, level = _PrintHandler(logging.INFO), logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _run(args) -> int:
     try:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun
             if args.command not in _DISTRIBUTED_COMMANDS:

@@ -4,11 +4,12 @@ stage logging, source labels and the files a run reads."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import platform
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -37,6 +38,14 @@ def _clean(obj):
     if isinstance(obj, torch.Tensor):
         return _clean(obj.tolist())
     return obj
+
+
+_LOGGER = logging.getLogger("repcap_fast.report")
+
+
+def _log_to(log) -> Callable[[str], None]:
+    """The line sink of a report function: `log` when one is given, else the logger at INFO."""
+    return _LOGGER.info if log is None else log
 
 
 def _stage(name: str, log) -> float:

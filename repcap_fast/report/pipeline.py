@@ -15,7 +15,7 @@ from .. import _validation as val
 from .._outputs import StagedFolder, check_no_clobber, remove_stale
 from ..models import read_texts
 from ..probes import check_probe_file
-from ._common import _clean, _file_sha256, _provenance, _report_inputs, _source_label, _stage
+from ._common import _clean, _file_sha256, _log_to, _provenance, _report_inputs, _source_label, _stage
 from .control import _control_comparison, _write_control_report
 from .settings import CONTROLS, REPORT_FILES, ReportSettings, _with_legacy
 from .stages import (
@@ -99,7 +99,7 @@ def _prepare(source, out, settings: ReportSettings, texts, text_name, token_ids)
 
 def run_report(source=None, out: str = "repcap_report", settings: Optional[ReportSettings] = None, *,
                texts: Optional[Sequence[str]] = None, text_name: Optional[str] = None, token_ids=None,
-               tokenizer=None, control: Optional[str] = None, progress: bool = True, log=print,
+               tokenizer=None, control: Optional[str] = None, progress: bool = True, log=None,
                command: Optional[List[str]] = None, _keep: Optional[Dict] = None, **legacy) -> Dict:
     """Runs the whole analysis of one model and writes OUT/report.json, OUT/report.md and the plots.
 
@@ -131,7 +131,8 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
         control (str | None): "random": `run_control_report`, the weights and the same architecture
             at initialization side by side. Default None.
         progress (bool): show progress bars. Default True.
-        log (Callable[[str], None]): receives one line per stage. Default print.
+        log (Callable[[str], None] | None): receives one line per stage. Default None: the lines go to the
+            ``repcap_fast.report`` logger at INFO (``repcap`` prints them; configure ``logging`` to see them).
         command (list[str] | None): the command line, recorded in the provenance. Default None.
         **legacy (object): the settings as keywords (n_tokens=..., k=...): deprecated, use settings.
 
@@ -146,7 +147,7 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
         TypeError: an unknown legacy keyword, or a value of the wrong type.
         FileNotFoundError: the source, text file or probe file does not exist.
 
-    Example:
+    Examples:
         >>> import os, tempfile
         >>> folder = tempfile.mkdtemp()
         >>> path = os.path.join(folder, "E.npy")
@@ -159,6 +160,7 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
 
         The last line (the whole report of MiniLM, with Subspace PGA of every layer) takes minutes.
     """
+    log = _log_to(log)
     settings = _with_legacy(settings or ReportSettings(), legacy)
     if control is not None:
         val.check_choice(control, "control", CONTROLS)
@@ -214,7 +216,7 @@ def run_report(source=None, out: str = "repcap_report", settings: Optional[Repor
 
 
 def run_control_report(source=None, out: str = "repcap_report", settings: Optional[ReportSettings] = None, *,
-                       progress: bool = True, log=print, command: Optional[List[str]] = None, **kwargs) -> Dict:
+                       progress: bool = True, log=None, command: Optional[List[str]] = None, **kwargs) -> Dict:
     """A model and its random-init control, side by side: two whole reports and their comparison.
 
     The report of the weights goes to OUT/trained, that of the same architecture at
@@ -229,7 +231,8 @@ def run_control_report(source=None, out: str = "repcap_report", settings: Option
         settings (ReportSettings | None): what to compute (settings.init must be "trained"); None:
             the papers' settings.
         progress (bool): show progress bars. Default True.
-        log (Callable[[str], None]): receives one line per stage. Default print.
+        log (Callable[[str], None] | None): receives one line per stage. Default None: the lines go to the
+            ``repcap_fast.report`` logger at INFO (``repcap`` prints them; configure ``logging`` to see them).
         command (list[str] | None): the command line, recorded in the provenance. Default None.
         **kwargs (object): as for `run_report`: texts, text_name, token_ids, tokenizer.
 
@@ -242,13 +245,14 @@ def run_control_report(source=None, out: str = "repcap_report", settings: Option
             `run_report` raises.
         FileNotFoundError: the source does not exist.
 
-    Example:
+    Examples:
         >>> doc = rf.report.run_control_report("minilm", "minilm_control")  # doctest: +SKIP
         >>> sorted(doc["comparison"])  # doctest: +SKIP
         ['epsilon', 'pga']
 
         Skipped: it runs two whole reports of a real model (minutes).
     """
+    log = _log_to(log)
     settings = settings or ReportSettings()
     if settings.init != "trained":
         raise ValueError(f"a control report analyses the weights and a random init of them: settings.init must be "

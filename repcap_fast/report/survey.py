@@ -20,7 +20,7 @@ from ..models import check_embeddings, in_memory_source, is_in_memory, load_embe
 from ..ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from ..pga import cross_model_agreement
 from ..probes import check_probe_file
-from ._common import _clean, _provenance, _report_inputs, _source_label, _stage
+from ._common import _clean, _log_to, _provenance, _report_inputs, _source_label, _stage
 from .analyses import epsilon_analysis
 from .pipeline import run_report
 from .settings import REPORT_FILES, ReportSettings
@@ -31,7 +31,7 @@ SURVEY_FILES = ("survey.json", "survey.md", "epsilon_vs_d.png", "pga_heatmap.png
 
 def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 4096, k_sigma: float = 2.0,
                backend: str = "auto", device="cpu", n_rows=None, zero_rows: str = "error", progress: bool = True,
-               log=print, command: Optional[List[str]] = None) -> Dict:
+               log=None, command: Optional[List[str]] = None) -> Dict:
     """ε, class and capacity of several embedding matrices side by side, like the papers' table.
 
     For each source, `epsilon_analysis` of its input embedding (ε = μ + k_sigma·σ of the pair
@@ -52,7 +52,8 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
         n_rows (int | str | None): the rows used (`load_embeddings`). Default None.
         zero_rows (str): a zero row is an "error", or "drop". Default "error".
         progress (bool): show progress bars. Default True.
-        log (Callable[[str], None]): receives one line per model. Default print.
+        log (Callable[[str], None] | None): receives one line per model. Default None: the lines go to the
+            ``repcap_fast.report`` logger at INFO (``repcap`` prints them; configure ``logging`` to see them).
         command (list[str] | None): the command line, recorded in the provenance. Default None.
 
     Returns:
@@ -65,7 +66,7 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
         TypeError: k_sigma is not a real number.
         FileNotFoundError: a source is not on this machine.
 
-    Example:
+    Examples:
         >>> import os, tempfile
         >>> folder = tempfile.mkdtemp()
         >>> paths = [os.path.join(folder, f"E{d}.npy") for d in (8, 32)]
@@ -80,6 +81,7 @@ def run_survey(sources: Sequence, out: str = "repcap_survey", *, bins: int = 409
         raise ValueError("survey needs at least one SOURCE")
     # every argument and every source checked before the first model loads
     check_stats_settings(val.check_device(device), bins, zero_rows=zero_rows, backend=backend)
+    log = _log_to(log)
     k_sigma = val.as_real(k_sigma, "k_sigma")
     sources = [in_memory_source(source) if is_in_memory(source) else source for source in sources]
     for source in sources:  # every source's header and tensor names, before the first ε pass
@@ -158,7 +160,7 @@ def _slug(text: str) -> str:
 
 def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Optional[ReportSettings] = None, *,
                    texts: Optional[Sequence[str]] = None, text_name: Optional[str] = None, token_ids=None,
-                   agreement_null: int = 10, progress: bool = True, log=print,
+                   agreement_null: int = 10, progress: bool = True, log=None,
                    command: Optional[List[str]] = None) -> Dict:
     """Subspace PGA across models or training checkpoints, side by side (`repcap survey --pga`).
 
@@ -182,7 +184,8 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
         token_ids (object): token ids instead of a text. Default None.
         agreement_null (int): random subspaces drawn for the agreement's null. Default 10.
         progress (bool): show progress bars. Default True.
-        log (Callable[[str], None]): receives one line per stage. Default print.
+        log (Callable[[str], None] | None): receives one line per stage. Default None: the lines go to the
+            ``repcap_fast.report`` logger at INFO (``repcap`` prints them; configure ``logging`` to see them).
         command (list[str] | None): the command line, recorded in the provenance. Default None.
 
     Returns:
@@ -195,7 +198,7 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
             output that is an input, or what `run_report` raises.
         FileNotFoundError: a source is not on this machine.
 
-    Example:
+    Examples:
         >>> doc = rf.report.run_pga_survey(["minilm", "smollm2"], "pga_survey")  # doctest: +SKIP
         >>> doc["agreement"][0]["layers"][-1]["readout"]  # doctest: +SKIP
         0.4...
@@ -204,6 +207,7 @@ def run_pga_survey(sources: Sequence, out: str = "repcap_survey", settings: Opti
     """
     if not sources:
         raise ValueError("survey needs at least one SOURCE")
+    log = _log_to(log)
     settings = settings or ReportSettings()
     agreement_null = val.check_n_null(agreement_null)
     sources = [in_memory_source(source) if is_in_memory(source) else source for source in sources]
@@ -345,7 +349,7 @@ def pga_survey_markdown(doc: Dict) -> str:
     Raises:
         KeyError: the dict is not a PGA survey ("provenance", "models", "agreement").
 
-    Example:
+    Examples:
         >>> doc = rf.report.run_pga_survey(["minilm", "smollm2"], "pga_survey")  # doctest: +SKIP
         >>> print(rf.report.pga_survey_markdown(doc).splitlines()[0])  # doctest: +SKIP
         # repcap survey: Subspace PGA across models
