@@ -296,7 +296,7 @@ def info() -> dict:
         (REPCAP_BACKEND); ``triton_interpret``; ``backends`` (op → the backends registered) and
         ``ops`` (op → {"cpu": backend, "cuda": backend} that "auto" picks).
 
-    Example:
+    Examples:
         >>> info = rf.info()
         >>> sorted(info["built"])
         ['cpu', 'cuda', 'triton']

@@ -444,7 +444,7 @@ def check_orthonormal(basis: torch.Tensor, name: str = "basis", tol: Optional[fl
     Raises:
         ValueError: basis is not a 2-D tensor, or max |BᵀB − I| > tol (the error names it).
 
-    Example:
+    Examples:
         >>> rf.pga.check_orthonormal(torch.eye(4)[:, :2]).shape
         torch.Size([4, 2])
         >>> rf.pga.check_orthonormal(2 * torch.eye(3))

@@ -103,7 +103,7 @@ def log_jl_capacity(d, eps, C=JL_C_PROVEN):
         TypeError: an argument that is not real numbers (a bool, a string, None, complex);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> round(rf.capacity.log_jl_capacity(4096, 0.0645), 4)
         2.13
     """
@@ -128,7 +128,7 @@ def jl_capacity(d, eps, C=JL_C_PROVEN):
         TypeError: an argument that is not real numbers (a bool, a string, None, complex);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> round(rf.capacity.jl_capacity(4096, 0.0645, C=rf.capacity.JL_C_FITTED), 1)
         277.5
     """
@@ -152,7 +152,7 @@ def log_adjusted_capacity(d, eps, C=ADJUSTED_C):
         TypeError: an argument that is not real numbers (a bool, a string, None, complex);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> round(rf.capacity.log_adjusted_capacity(4096, 0.0645), 3)
         21.497
     """
@@ -176,7 +176,7 @@ def adjusted_capacity(d, eps, C=ADJUSTED_C):
         TypeError: an argument that is not real numbers (a bool, a string, None, complex);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> f"{rf.capacity.adjusted_capacity(4096, 0.0645):.3g}"
         '2.17e+09'
     """
@@ -185,7 +185,7 @@ def adjusted_capacity(d, eps, C=ADJUSTED_C):
 
 
 def log_full_capacity(d, eps, C=FULL_PARAMS["C"], a=FULL_PARAMS["a"], b=FULL_PARAMS["b"], c=FULL_PARAMS["c"]):
-    """The natural log of the full-form capacity, ln k = (ln d + (d^c ε²/C)^(1/b)) / a.
+    r"""The natural log of the full-form capacity, $\ln k = (\ln d + (d^c \varepsilon^2/C)^{1/b}) / a$.
 
     Never overflows; ``full_capacity`` is its exponential.
 
@@ -205,7 +205,7 @@ def log_full_capacity(d, eps, C=FULL_PARAMS["C"], a=FULL_PARAMS["a"], b=FULL_PAR
         TypeError: an argument that is not real numbers (a bool, a string, None, complex);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> round(rf.capacity.log_full_capacity(4096, 0.0645), 3)
         17.503
     """
@@ -215,10 +215,11 @@ def log_full_capacity(d, eps, C=FULL_PARAMS["C"], a=FULL_PARAMS["a"], b=FULL_PAR
 
 
 def full_capacity(d, eps, **params):
-    """The full-form capacity k = (d·exp((d^c ε²/C)^(1/b)))^(1/a) (the paper's ``max_k``).
+    r"""The full-form capacity of d dimensions at ε (the paper's ``max_k``).
 
-    The inverse of ``full_epsilon``; inf where k overflows float64 (``log_full_capacity`` does
-    not). d = 4096, ε = 0.0645 (Llama-2-7B) gives about 3.99e7.
+    $k = \left(d \exp\left((d^c \varepsilon^2/C)^{1/b}\right)\right)^{1/a}$, the inverse of
+    ``full_epsilon``; inf where k overflows float64 (``log_full_capacity`` does not). d = 4096, ε =
+    0.0645 (Llama-2-7B) gives about 3.99e7.
 
     Args:
         d (float or array_like): the dimension d ≥ 1: a number or an array of them (Python, numpy or torch).
@@ -232,7 +233,7 @@ def full_capacity(d, eps, **params):
         ValueError: d < 1, ε < 0, C, a or b ≤ 0, or a value that is NaN or ±inf.
         TypeError: an argument that is not real numbers, or a keyword other than C, a, b, c.
 
-    Example:
+    Examples:
         >>> f"{rf.capacity.full_capacity(4096, 0.0645):.3g}"
         '3.99e+07'
         >>> rf.capacity.full_capacity([384, 768], 0.1).round(-1)
@@ -243,9 +244,9 @@ def full_capacity(d, eps, **params):
 
 
 def full_epsilon(k, d, C=FULL_PARAMS["C"], a=FULL_PARAMS["a"], b=FULL_PARAMS["b"], c=FULL_PARAMS["c"]):
-    """The ε of k vectors in d dimensions by the full form, ε = sqrt(C·ln(k^a/d)^b / d^c).
+    r"""The ε of k vectors in d dimensions by the full form, $\varepsilon = \sqrt{C \ln(k^a/d)^b / d^c}$.
 
-    The inverse of ``full_capacity``; 0 where k^a ≤ d.
+    The inverse of ``full_capacity``; 0 where $k^a \le d$.
 
     Args:
         k (float or array_like): the number of vectors, > 0: a number or an array of them.
@@ -263,7 +264,7 @@ def full_epsilon(k, d, C=FULL_PARAMS["C"], a=FULL_PARAMS["a"], b=FULL_PARAMS["b"
         TypeError: an argument that is not real numbers (a bool, a string, None, complex);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> round(rf.capacity.full_epsilon(3.99e7, 4096), 4)
         0.0645
     """
@@ -290,7 +291,7 @@ def model_class(eps):
         ValueError: ε is NaN or ±inf.
         TypeError: ε is not real numbers (a bool, a string, None, complex).
 
-    Example:
+    Examples:
         >>> rf.capacity.model_class(0.0645)
         2
         >>> rf.capacity.model_class([0.05, 0.15, 0.3])
@@ -315,7 +316,7 @@ def describe_class(eps) -> str:
         ValueError: ε is NaN or ±inf.
         TypeError: ε is not one real number (a bool, a string, None, an array).
 
-    Example:
+    Examples:
         >>> rf.capacity.describe_class(0.15)
         'borderline (0.1 ≤ ε ≤ 0.2)'
     """
@@ -351,7 +352,7 @@ def capacity_table(d: int, eps: float, vocab: int | None = None) -> dict:
         TypeError: d, ε or vocab of the wrong type (a bool, a string, None for d or ε);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> table = rf.capacity.capacity_table(4096, 0.0645)
         >>> table["class"], f"{table['formulas']['full']['capacity']:.3g}"
         (2, '3.99e+07')

@@ -77,10 +77,10 @@ def _orders(order) -> np.ndarray:
 
 
 def welch_bound(k, d, order=1):
-    """The Welch lower bound of order t on max_{i≠j} |c_ij| for k unit vectors in R^d.
+    r"""The Welch lower bound of order t on $\max_{i \ne j} |c_{ij}|$ for k unit vectors in $\mathbb{R}^d$.
 
-    max|c|^(2t) ≥ (k / binom(d+t−1, t) − 1) / (k − 1), and the bound is 0 where the right side
-    is ≤ 0. Order 1 is sqrt((k−d)/(d(k−1))).
+    $\max |c|^{2t} \ge \left(k / \binom{d+t-1}{t} - 1\right) / (k - 1)$, and the bound is 0 where the
+    right side is ≤ 0. Order 1 is $\sqrt{(k-d)/(d(k-1))}$.
 
     Args:
         k (float or array_like): the number of vectors, ≥ 2: a number or an array of them.
@@ -95,7 +95,7 @@ def welch_bound(k, d, order=1):
         TypeError: an argument that is not real numbers (a bool, a string, None, complex);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> round(rf.capacity.welch_bound(100, 10), 4)
         0.3015
         >>> round(rf.capacity.welch_bound(1000, 10, order=2), 4)
@@ -112,9 +112,9 @@ def welch_bound(k, d, order=1):
 
 
 def orthoplex_bound(k, d):
-    """The orthoplex lower bound on max_{i≠j} |c_ij|: 1/√d when k > d(d+1)/2, else 0.
+    r"""The orthoplex lower bound on $\max_{i \ne j} |c_{ij}|$: $1/\sqrt{d}$ when $k > d(d+1)/2$, else 0.
 
-    No packing of k lines in R^d beats it (the real case).
+    No packing of k lines in $\mathbb{R}^d$ beats it (the real case).
 
     Args:
         k (float or array_like): the number of vectors, > 0: a number or an array of them.
@@ -128,7 +128,7 @@ def orthoplex_bound(k, d):
         TypeError: an argument that is not real numbers (a bool, a string, None, complex);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> round(rf.capacity.orthoplex_bound(100, 10), 4)
         0.3162
     """
@@ -138,13 +138,13 @@ def orthoplex_bound(k, d):
 
 
 def levenstein_bound(k, d):
-    """The Levenstein lower bound on max_{i≠j} |c_ij| of k lines in R^d (0 unless k > d(d+1)/2).
+    r"""The Levenstein lower bound on $\max_{i \ne j} |c_{ij}|$ of k lines in $\mathbb{R}^d$ (0 unless $k > d(d+1)/2$).
 
-    Where k > d(d+1)/2 it is √((3k − d² − 2d)/((d + 2)(k − d))).
+    Where $k > d(d+1)/2$ it is $\sqrt{(3k - d^2 - 2d)/((d + 2)(k - d))}$.
 
-    No packing of k lines in R^d beats it (the real case; Levenstein 1982, as stated by Haas,
-    Hammen and Mixon 2017). Where it applies it can exceed the orthoplex bound 1/√d (it tends to
-    √(3/(d + 2)) as k grows); 4 lines in the plane meet it, at cos(π/4).
+    No packing of k lines in $\mathbb{R}^d$ beats it (the real case; Levenstein 1982, as stated by Haas,
+    Hammen and Mixon 2017). Where it applies it can exceed the orthoplex bound $1/\sqrt{d}$ (it tends to
+    $\sqrt{3/(d + 2)}$ as k grows); 4 lines in the plane meet it, at cos(π/4).
 
     Args:
         k (float or array_like): the number of vectors, > 0: a number or an array of them.
@@ -158,7 +158,7 @@ def levenstein_bound(k, d):
         TypeError: an argument that is not real numbers (a bool, a string, None, complex);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> round(rf.capacity.levenstein_bound(4, 2), 4), round(rf.capacity.levenstein_bound(100, 3), 4)
         (0.7071, 0.7666)
     """
@@ -173,13 +173,14 @@ def levenstein_bound(k, d):
 
 
 def coherence_bound(k, d, max_order=4) -> tuple:
-    """The best lower bound on max_{i≠j} |c_ij| of k unit vectors in R^d, with its name: a packing's certificate.
+    r"""The best lower bound on the coherence of k unit vectors in d dimensions, with its name.
 
-    The largest of the Welch bounds of orders 1 … max_order ("welch" for order 1, "welch-t" for
-    order t), the orthoplex bound and the Levenstein bound (``coherence_floor`` without Levenstein,
-    as the capacity tables report it). A
-    packing's ε* minus it is how far the packing can be from optimal at most; 0 where the bound
-    is met (an equiangular tight frame meets Welch).
+    A packing's certificate: no k unit vectors in $\mathbb{R}^d$ have a smaller
+    $\max_{i \ne j} |c_{ij}|$. The largest of the Welch bounds of orders 1 … max_order ("welch" for
+    order 1, "welch-t" for order t), the orthoplex bound and the Levenstein bound
+    (``coherence_floor`` without Levenstein, as the capacity tables report it). A packing's ε* minus
+    it is how far the packing can be from optimal at most; 0 where the bound is met (an equiangular
+    tight frame meets Welch).
 
     Args:
         k (int): the number of vectors, ≥ 2.
@@ -196,7 +197,7 @@ def coherence_bound(k, d, max_order=4) -> tuple:
         TypeError: an argument that is not a real number (a bool, a string, None, complex);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> rf.capacity.coherence_bound(16, 6)
         (0.3333333333333333, 'welch')
         >>> bound, name = rf.capacity.coherence_bound(100, 3); round(bound, 4), name
@@ -263,9 +264,9 @@ def _check_finite(values, k, d) -> None:
 
 
 def coherence_floor(k, d, max_order=4):
-    """The largest of the Welch bounds of orders 1 … max_order and the orthoplex bound.
+    r"""The largest of the Welch bounds of orders 1 … max_order and the orthoplex bound.
 
-    No set of k unit vectors in R^d has a smaller max_{i≠j} |c_ij|.
+    No set of k unit vectors in $\mathbb{R}^d$ has a smaller $\max_{i \ne j} |c_{ij}|$.
 
     Args:
         k (float or array_like): the number of vectors, ≥ 2: a number or an array of them.
@@ -280,7 +281,7 @@ def coherence_floor(k, d, max_order=4):
         TypeError: an argument that is not real numbers (a bool, a string, None, complex);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> round(rf.capacity.coherence_floor(100, 10), 4)
         0.3162
     """

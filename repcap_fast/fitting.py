@@ -84,7 +84,7 @@ class FitResult:
         mape (float): the mean absolute percentage error (over the cells with ε ≠ 0).
         max_error (float): the largest absolute error.
 
-    Example:
+    Examples:
         >>> cells = [(k, d, (3 * np.log(k) / d) ** 0.5) for k in (100, 1000) for d in (32, 64)]
         >>> result = rf.fitting.fit(cells, "jl")
         >>> round(result.params["C"], 6), round(result.r2, 6)
@@ -179,13 +179,13 @@ def _cells_arrays(cells, eps_key):
 
 
 def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> FitResult:
-    """Fits the constants of a capacity form to measured ε(k, d) with SciPy's curve_fit.
+    r"""Fits the constants of a capacity form to measured ε(k, d) with SciPy's curve_fit.
 
     The forms, ε as a function of k vectors in d dimensions:
 
     * "jl": ε = sqrt(C ln k / d)
     * "adjusted": ε = sqrt(C ln(k/d) / d)
-    * "full": ε = sqrt(C ln(k^a/d)^b / d^c) (fits C, a, b, c)
+    * "full": $\varepsilon = \sqrt{C \ln(k^a/d)^b / d^c}$ (fits C, a, b, c)
 
     The adjusted and full forms need k > d: other cells are excluded and listed in the result
     (never silently), as are cells without a value for `eps_key`. A constant that ends at a bound
@@ -213,7 +213,7 @@ def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> Fit
         TypeError: a cell value or p0 of the wrong type (a bool, a string);
             ``repcap_fast._validation.ArgumentTypeError``, also a ValueError.
 
-    Example:
+    Examples:
         >>> cells = [{"k": k, "d": d, "eps_star": rf.capacity.full_epsilon(k, d)}
         ...          for k in (100, 1000, 10000) for d in (16, 32, 64)]
         >>> result = rf.fitting.fit(cells, "full")

@@ -36,7 +36,7 @@ class ReadoutBasis(NamedTuple):
         solver (str): how they were found: "eigh", or "subspace iteration: R rounds, P products"
             (with a certified angle to the exact subspace), or eigh as a fallback with its reason.
 
-    Example:
+    Examples:
         >>> W_U = torch.randn(50, 8, generator=torch.Generator().manual_seed(0))
         >>> rb = rf.pga.readout_basis(W_U, k=3)
         >>> rb.basis.shape, rb.singular_values.shape, rb.solver
@@ -108,7 +108,7 @@ def clear_readout_cache() -> None:
     Returns:
         None.
 
-    Example:
+    Examples:
         >>> rf.pga.clear_readout_cache()
     """
     _READOUT_CACHE.clear()
@@ -143,7 +143,7 @@ def readout_basis(W_U, k: int = 100, layout: str = "hf", *, solver: str = "auto"
             ``ArgumentTypeError``, also a TypeError, for another type or dtype), empty, or with
             NaN/Inf; k not an int with 1 ≤ k < d.
 
-    Example:
+    Examples:
         >>> W_U = torch.randn(50, 8, generator=torch.Generator().manual_seed(0))  # V×d
         >>> rb = rf.pga.readout_basis(W_U, k=3)
         >>> rb.basis.shape, torch.allclose(rb.basis.T @ rb.basis, torch.eye(3, dtype=torch.float64))
@@ -288,7 +288,7 @@ def grassmann_bases(d: int, k: int, n: int, seed: int = 0, dtype=torch.float64, 
             argument of the wrong type).
         repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
 
-    Example:
+    Examples:
         >>> B = rf.pga.grassmann_bases(8, 3, 4, seed=0)
         >>> B.shape, torch.allclose(B.transpose(1, 2) @ B, torch.eye(3, dtype=torch.float64))
         (torch.Size([4, 8, 3]), True)
@@ -364,7 +364,7 @@ class CCRResult(NamedTuple):
         removed (torch.Tensor): R, the removed directions, m×d float64 with orthonormal rows
             (0×d for m = 0).
 
-    Example:
+    Examples:
         >>> H = torch.randn(20, 8, generator=torch.Generator().manual_seed(0))
         >>> res = rf.pga.center_and_ccr(H, 2)
         >>> res.H.shape, res.removed.shape
@@ -484,7 +484,7 @@ def center_and_ccr(H, m: int = 1) -> CCRResult:
         ValueError: H not a 2-D float matrix (an ``ArgumentTypeError``, also a TypeError, for
             another type or dtype), empty, or with NaN/Inf; m not an int with 0 ≤ m < min(N, d).
 
-    Example:
+    Examples:
         >>> H = torch.randn(20, 8, generator=torch.Generator().manual_seed(0))
         >>> res = rf.pga.center_and_ccr(H, m=2)
         >>> res.H.shape, res.removed.shape

@@ -93,18 +93,20 @@ def optimize(
     restarts: int = 1,
     projection_steps: int = 0,
 ) -> PackingResult:
-    """Packs k unit vectors in R^d: minimizes their coherence ε* = max_{i≠j}|ĝ_ij| from a random start.
+    r"""Packs k unit vectors in d dimensions: minimizes their coherence ε* from a random start.
 
-    With method="paper" (default), the paper's setup bit for bit: the vectors are the rows of a
-    k×d parameter X drawn from a seeded standard normal (on the CPU, so the start does not depend
-    on the device), and Adam minimizes L = Σ_{i≠j}|ĝ_ij|^p, ĝ_ij = x̂_i·x̂_j the cosines of the
-    row-normalized X, through the streaming penalty kernel (``gram_offdiag_penalty``, never k×k);
-    the raw parameters are never projected back. The other methods of ``METHODS``
-    ("p-continuation", "smooth-max", "riemannian", "minimax", "alternating-projection",
-    "equiangular-search"; see ``repcap_fast.packing_methods``) drive ε* lower. k ≤ d is allowed:
-    the optimum is then exact orthogonality (ε* → 0). ε* is
-    read after all `steps` updates (the paper's script reads it in the forward pass of its last
-    step, after steps − 1).
+    $\varepsilon^* = \max_{i \ne j} |\hat g_{ij}|$ of the vectors in $\mathbb{R}^d$.
+
+    With method="paper" (default), the paper's setup bit for bit: the vectors are the rows of a k×d
+    parameter X drawn from a seeded standard normal (on the CPU, so the start does not depend on the
+    device), and Adam minimizes $L = \sum_{i \ne j} |\hat g_{ij}|^p$,
+    $\hat g_{ij} = \hat x_i \cdot \hat x_j$ the cosines of the row-normalized X, through the
+    streaming penalty kernel (``gram_offdiag_penalty``, never k×k); the raw parameters are never
+    projected back. The other methods of ``METHODS`` ("p-continuation", "smooth-max", "riemannian",
+    "minimax", "alternating-projection", "equiangular-search"; see ``repcap_fast.packing_methods``)
+    drive ε* lower. k ≤ d is allowed: the optimum is then exact orthogonality (ε* → 0). ε* is read
+    after all `steps` updates (the paper's script reads it in the forward pass of its last step,
+    after steps − 1).
 
     Args:
         k: the number of vectors, an int ≥ 2.
@@ -171,7 +173,7 @@ def optimize(
         RuntimeError: `group` given while torch.distributed is not initialized; across ranks,
             ``distributed.RankFailure`` on every rank when one fails.
 
-    Example:
+    Examples:
         >>> res = rf.packing.optimize(6, 3, steps=20, method="minimax", polish_steps=20, progress=False)
         >>> round(res.eps_star, 4), round(res.welch, 4)  # the 6 axes of the icosahedron meet the bound
         (0.4472, 0.4472)
@@ -520,7 +522,7 @@ def sweep(
         RuntimeError: `group` given while torch.distributed is not initialized; across ranks,
             ``distributed.RankFailure`` on every rank when one fails.
 
-    Example:
+    Examples:
         >>> import os, shutil, tempfile
         >>> folder = tempfile.mkdtemp()
         >>> out = os.path.join(folder, "sweep.json")

@@ -14,7 +14,7 @@ from . import _validation as val
 
 
 def default_lr(d: int) -> float:
-    """The paper's Adam learning rate for vectors in R^d.
+    r"""The paper's Adam learning rate for vectors in $\mathbb{R}^d$.
 
     lr = 0.005 for d ≤ 1024, else 0.0025 (Guha 2026, §1.3). ``optimize`` uses it when `lr` is
     None for method="paper"; the continuation methods start from twice it.
@@ -29,7 +29,7 @@ def default_lr(d: int) -> float:
         ValueError: d is not an int ≥ 1 (an ``ArgumentTypeError``, also a TypeError, for a
             non-integer).
 
-    Example:
+    Examples:
         >>> rf.packing.default_lr(768), rf.packing.default_lr(4096)
         (0.005, 0.0025)
     """
@@ -37,7 +37,7 @@ def default_lr(d: int) -> float:
 
 
 def default_p(k: int, d: int) -> int:
-    """The paper's exponent p of the penalty Σ_{i≠j}|ĝ_ij|^p for k vectors in R^d.
+    r"""The paper's exponent p of the penalty $\sum_{i \ne j} |\hat g_{ij}|^p$ for k vectors in $\mathbb{R}^d$.
 
     p = min(int(m / ln d), 20), with m = 40 if k ≤ 4000, else 50 if d ≥ 3072, else 60; d = 1
     gives 20, and p is at least 1.
@@ -53,7 +53,7 @@ def default_p(k: int, d: int) -> int:
         ValueError: k or d is not an int ≥ 1 (an ``ArgumentTypeError``, also a TypeError, for a
             non-integer).
 
-    Example:
+    Examples:
         >>> rf.packing.default_p(1000, 64), rf.packing.default_p(8000, 4096)
         (9, 6)
     """
@@ -66,10 +66,10 @@ def default_p(k: int, d: int) -> int:
 
 @dataclass
 class PackingResult:
-    """One packing run of ``repcap_fast.packing.optimize``: its settings, ε* and the statistics.
+    r"""One packing run of ``repcap_fast.packing.optimize``: its settings, ε* and the statistics.
 
-    ε* = max_{i≠j}|ĝ_ij| of the final vectors (after the last step and the polish), with
-    ĝ_ij = x̂_i·x̂_j the cosines of the row-normalized vectors.
+    $\varepsilon^* = \max_{i \ne j} |\hat g_{ij}|$ of the final vectors (after the last step and the
+    polish), with $\hat g_{ij} = \hat x_i \cdot \hat x_j$ the cosines of the row-normalized vectors.
 
     Attributes:
         k (int): the number of vectors.
@@ -88,7 +88,7 @@ class PackingResult:
         mean (float): the mean of the final off-diagonal ĝ_ij (pairs i < j).
         std (float): their standard deviation.
         mu_plus_2sigma (float): mean + 2·std.
-        welch (float): the Welch lower bound √((k − d)/(d(k − 1))) on ε* (0 for k ≤ d).
+        welch (float): the Welch lower bound $\sqrt{(k - d)/(d(k - 1))}$ on ε* (0 for k ≤ d).
         bound (float): the certificate: the best lower bound on ε* that applies
             (``capacity.coherence_bound``: Welch of orders 1–4, orthoplex, Levenstein); ε* − bound
             (``eps_minus_bound``) is how far from optimal the packing can be at most.
@@ -119,7 +119,7 @@ class PackingResult:
         best_seed (int): the seed of that start (``optimize(..., seed=best_seed)`` runs it alone).
         restart_eps_stars (List[float]): ε* of every start, in seed order.
 
-    Example:
+    Examples:
         >>> res = rf.packing.optimize(8, 3, steps=50, progress=False)
         >>> res.k, res.d, res.p, res.method
         (8, 3, 20, 'paper')

@@ -176,7 +176,7 @@ def pga_profile(
         DegenerateInputWarning: W_U has fewer than k nonzero singular values (the readout
             subspace is partly random), or a layer's result is degenerate (as ``subspace_pga``).
 
-    Example:
+    Examples:
         >>> g = torch.Generator().manual_seed(0)
         >>> layers = [torch.randn(30, 8, generator=g) for _ in range(2)]
         >>> W_U = torch.randn(50, 8, generator=g)
@@ -241,7 +241,7 @@ def cross_model_agreement(H_a, H_b, basis_a: torch.Tensor, basis_b: torch.Tensor
             that is not finite d×k with orthonormal columns; ccr outside [0, min(N, d)); a token
             whose projection on a subspace is zero.
 
-    Example:
+    Examples:
         >>> g = torch.Generator().manual_seed(0)
         >>> H = torch.randn(20, 8, generator=g, dtype=torch.float64)
         >>> B = rf.pga.readout_basis(torch.randn(50, 8, generator=g), k=3).basis

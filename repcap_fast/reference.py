@@ -196,7 +196,7 @@ def pairwise_cosine_distances(H) -> torch.Tensor:
         ValueError: H not a 2-D float matrix (an ``ArgumentTypeError``, also a TypeError, for
             another type or dtype), empty, or with NaN/Inf; a zero row (its cosine is undefined).
 
-    Example:
+    Examples:
         >>> rf.pga.pairwise_cosine_distances(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
         tensor([1.0000, 0.2929, 0.2929], dtype=torch.float64)
     """
@@ -218,7 +218,7 @@ def average_ranks(x: torch.Tensor) -> torch.Tensor:
     Raises:
         ValueError: x is not 1-D.
 
-    Example:
+    Examples:
         >>> rf.pga.average_ranks(torch.tensor([3.0, 1.0, 3.0, 2.0]))
         tensor([3.5000, 1.0000, 3.5000, 2.0000], dtype=torch.float64)
     """
@@ -269,7 +269,7 @@ def spearman(x, y) -> float:
             numbers (an ``ArgumentTypeError``, also a TypeError); x and y differ in length or
             have fewer than 2 values.
 
-    Example:
+    Examples:
         >>> rf.pga.spearman([1, 2, 3, 4], [1, 3, 2, 4])
         0.8
     """

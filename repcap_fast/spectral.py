@@ -69,7 +69,7 @@ def direction_alignment(H, basis: torch.Tensor, m: int = 10) -> torch.Tensor:
             type or dtype), empty, or with NaN/Inf; `basis` not a finite d×k tensor with orthonormal
             columns; m outside [1, min(N, d)].
 
-    Example:
+    Examples:
         >>> g = torch.Generator().manual_seed(0)
         >>> H = torch.randn(50, 6, generator=g) * torch.tensor([10.0, 1, 1, 1, 1, 1])  # most variance along e_0
         >>> basis = torch.eye(6, dtype=torch.float64)[:, :2]  # span(e_0, e_1)
@@ -90,10 +90,10 @@ def _rankme_from(s: torch.Tensor, eps: float) -> float:
 
 
 def rankme(H, center: bool = False, eps: float = 1e-7) -> float:
-    """RankMe (Garrido et al., 2023): the effective rank of H, exp of the entropy of its singular values.
+    r"""RankMe (Garrido et al., 2023): the effective rank of H, exp of the entropy of its singular values.
 
-    RankMe = exp(−Σ_i p_i ln p_i) with p_i = σ_i/Σ_j σ_j + eps, over the singular values σ_i of H
-    themselves (not their squares, the eigenvalues of HᵀH). Between 1 and min(N, d).
+    $\text{RankMe} = \exp(-\sum_i p_i \ln p_i)$ with $p_i = \sigma_i/\sum_j \sigma_j + \text{eps}$,
+    over the singular values σ_i of H themselves (not their squares, the eigenvalues of HᵀH). Between 1 and min(N, d).
 
     Args:
         H (torch.Tensor | numpy.ndarray): N×d hidden states, any float dtype, finite.
@@ -107,7 +107,7 @@ def rankme(H, center: bool = False, eps: float = 1e-7) -> float:
         ValueError: H not a 2-D float matrix (an ``ArgumentTypeError``, also a TypeError, for another
             type or dtype), empty, or with NaN/Inf; eps not a real number ≥ 0.
 
-    Example:
+    Examples:
         >>> round(rf.pga.rankme(torch.eye(4)), 4)  # four equal singular values
         4.0
     """
@@ -149,11 +149,11 @@ def _alpha_from(s: torch.Tensor, n_rows: int, fit_range=None) -> float:
 
 
 def alpha_req(H, center: bool = True, fit_range=None) -> float:
-    """α-ReQ (Agrawal et al., 2022): the decay exponent α of the covariance eigenspectrum, λ_i ∝ i^(−α).
+    r"""α-ReQ (Agrawal et al., 2022): the decay exponent α of the covariance eigenspectrum.
 
-    λ_i = σ_i²/(N − 1) from the singular values σ_i of H (centered by default); α is minus the
-    least-squares slope of ln λ_i on ln i over the nonzero eigenvalues (above λ_1·1e-12), or over
-    the 1-based index range `fit_range`.
+    $\lambda_i \propto i^{-\alpha}$, with λ_i = σ_i²/(N − 1) from the singular values σ_i of H
+    (centered by default); α is minus the least-squares slope of ln λ_i on ln i over the nonzero
+    eigenvalues (above λ_1·1e-12), or over the 1-based index range `fit_range`.
 
     Args:
         H (torch.Tensor | numpy.ndarray): N×d hidden states, any float dtype, finite.
@@ -169,7 +169,7 @@ def alpha_req(H, center: bool = True, fit_range=None) -> float:
             type or dtype), empty, or with NaN/Inf; fit_range not a pair of ints with 1 ≤ first < last ≤
             min(N, d); fewer than two nonzero eigenvalues in the fit range.
 
-    Example:
+    Examples:
         >>> H = torch.diag(1.0 / torch.arange(1, 9, dtype=torch.float64))  # σ_i = 1/i, λ_i ∝ i^-2
         >>> round(rf.pga.alpha_req(H, center=False), 6)
         2.0
@@ -195,9 +195,9 @@ def _isotropy_from(x: torch.Tensor, vecs: torch.Tensor) -> float:
 
 
 def isotropy(H, center: bool = False) -> float:
-    """Partition-function isotropy (Mu & Viswanath, 2018): how evenly the rows of H spread over directions.
+    r"""Partition-function isotropy (Mu & Viswanath, 2018): how evenly the rows of H spread over directions.
 
-    I(H) = min_c Z(c) / max_c Z(c) with Z(c) = Σ_i exp(cᵀh_i), over the eigenvectors c of HᵀH and
+    $I(H) = \min_c Z(c) / \max_c Z(c)$ with $Z(c) = \sum_i \exp(c^\top h_i)$, over the eigenvectors c of HᵀH and
     their negatives, computed in log space (no overflow). 1 is perfectly isotropic, near 0
     strongly anisotropic.
 
@@ -212,7 +212,7 @@ def isotropy(H, center: bool = False) -> float:
         ValueError: H not a 2-D float matrix (an ``ArgumentTypeError``, also a TypeError, for another
             type or dtype), empty, or with NaN/Inf.
 
-    Example:
+    Examples:
         >>> rf.pga.isotropy(torch.cat([torch.eye(3), -torch.eye(3)]))  # ±e_1, ±e_2, ±e_3
         1.0
     """
@@ -245,7 +245,7 @@ def condition_number(H, center: bool = True) -> float:
         ValueError: H not a 2-D float matrix (an ``ArgumentTypeError``, also a TypeError, for another
             type or dtype), empty, or with NaN/Inf.
 
-    Example:
+    Examples:
         >>> rf.pga.condition_number(torch.diag(torch.tensor([4.0, 2.0, 1.0])), center=False)
         4.0
     """
@@ -277,7 +277,7 @@ def spectral_metrics(H, basis: Optional[torch.Tensor] = None, m: int = 10) -> Di
             type or dtype), empty, or with NaN/Inf; `basis` not a finite d×k tensor with orthonormal
             columns; m not an int ≥ 1.
 
-    Example:
+    Examples:
         >>> g = torch.Generator().manual_seed(0)
         >>> H = torch.randn(50, 6, generator=g) * torch.tensor([10.0, 1, 1, 1, 1, 1])
         >>> out = rf.pga.spectral_metrics(H, torch.eye(6, dtype=torch.float64)[:, :2], m=3)

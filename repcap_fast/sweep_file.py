@@ -531,7 +531,7 @@ def load_cells(path: str) -> List[dict]:
         ValueError: `path` is a folder, a file that is not a sweep file, or a sweep file with a
             malformed record or two records of one cell that disagree.
 
-    Example:
+    Examples:
         >>> import os, shutil, tempfile
         >>> folder = tempfile.mkdtemp()
         >>> out = os.path.join(folder, "cells.csv")

@@ -30,7 +30,7 @@ class TensorNames:
         input (tuple[str, ...]): the names of the input embedding tensor.
         output (tuple[str, ...]): the names of the unembedding tensor.
 
-    Example:
+    Examples:
         >>> rf.models.ARCHITECTURES["gpt2"]
         TensorNames(input=('transformer.wte.weight', 'wte.weight'), output=('lm_head.weight',))
     """
@@ -134,7 +134,7 @@ class Embeddings:
         config (dict): the model's config.
         tokenizer_tokens (int | None): distinct token ids (smaller than tokenizer_size when ids leave holes).
 
-    Example:
+    Examples:
         >>> emb = rf.load_embeddings("minilm", n_rows=1000)
         >>> tuple(emb.input.shape), emb.d_model, emb.vocab_rows, emb.padded_rows
         ((1000, 384), 384, 30522, 0)
@@ -270,7 +270,7 @@ def check_embeddings(source=None, which: str = "input", n_rows: Union[int, str, 
             that is not there).
         FileNotFoundError: the source is not on this machine.
 
-    Example:
+    Examples:
         >>> rf.models.check_embeddings("minilm", which="both") is None
         True
         >>> rf.models.check_embeddings("minilm", n_rows=10**6)
@@ -325,7 +325,7 @@ def load_embeddings(source=None, which: str = "input", dtype: Optional[torch.dty
         TypeError: an integer argument that is not an integer.
         FileNotFoundError: the source is not on this machine.
 
-    Example:
+    Examples:
         >>> emb = rf.load_embeddings("minilm", which="both", n_rows="tokenizer")
         >>> tuple(emb.input.shape), emb.tied, emb.output is emb.input
         ((30522, 384), True, True)

@@ -40,7 +40,7 @@ def default_corpus() -> Tuple[str, List[str]]:
     Returns:
         tuple[str, list[str]]: "sherlock_holmes" and its paragraphs.
 
-    Example:
+    Examples:
         >>> name, paragraphs = rf.models.default_corpus()
         >>> name, len(paragraphs) > 1000, paragraphs[0][:24]
         ('sherlock_holmes', True, '...')
@@ -110,7 +110,7 @@ def read_texts(path: str, jsonl_key: str = "text") -> List[str]:
         FileNotFoundError: the file does not exist.
         ValueError: a .jsonl line that is not JSON, or not an object with a string field `jsonl_key`.
 
-    Example:
+    Examples:
         >>> import os, tempfile
         >>> path = os.path.join(tempfile.mkdtemp(), "text.txt")
         >>> _ = open(path, "w").write("First  paragraph.\n\nSecond\nparagraph.\n")
@@ -146,7 +146,7 @@ class HiddenStates(Mapping):
             sha256, paragraphs, tokens available), model, last_layer, tokenizer, sampling.
         layers (list[int]): the layers kept.
 
-    Example:
+    Examples:
         >>> states = rf.hidden_states("minilm", texts=["The cat sat on the mat. " * 20], n_tokens=64,
         ...                           layers=[0, 6], progress=False)
         >>> states.layers, tuple(states[6].shape), len(states.token_ids), states.meta["seed"]
@@ -202,7 +202,7 @@ def layer_count(config: Dict) -> Optional[int]:
     Raises:
         AttributeError: config is not a mapping (it has no ``get``).
 
-    Example:
+    Examples:
         >>> rf.models.layer_count({"num_hidden_layers": 6}), rf.models.layer_count({"n_layer": 12})
         (6, 12)
         >>> rf.models.layer_count({}) is None
@@ -233,7 +233,7 @@ def check_layers(layers, n_layers: int) -> List[int]:
             gives the valid range).
         TypeError: a layer that is not an integer (1.0, True, "3").
 
-    Example:
+    Examples:
         >>> rf.models.check_layers("all", 3)
         [0, 1, 2, 3]
         >>> rf.models.check_layers([-1, 0, 0], 6)
@@ -324,7 +324,7 @@ def hidden_states(source=None, texts: Optional[Union[str, Sequence[str]]] = None
         FileNotFoundError: the source is not on this machine.
         ImportError: transformers is not installed (needed for a model read from disk).
 
-    Example:
+    Examples:
         >>> states = rf.hidden_states("minilm", texts=["The cat sat on the mat. " * 20], n_tokens=64,
         ...                           layers=[0, -1], progress=False)
         >>> states.layers, tuple(states[6].shape), states.meta["last_layer"]["point"]

@@ -58,7 +58,7 @@ class InMemorySource:
         seed (int | None): the seed of a random init.
         notes (list[str]): how the tokenizer was found (or why not), how the model was built.
 
-    Example:
+    Examples:
         >>> sae = torch.nn.Module()
         >>> sae.W_dec = torch.nn.Parameter(torch.randn(50, 8))
         >>> src = rf.models.in_memory_source(sae)
@@ -140,7 +140,7 @@ def is_in_memory(source) -> bool:
     Raises:
         None: any object is an answer.
 
-    Example:
+    Examples:
         >>> rf.models.is_in_memory("minilm"), rf.models.is_in_memory(torch.nn.Linear(2, 2))
         (False, True)
     """
@@ -221,7 +221,7 @@ def in_memory_source(source, tokenizer=None) -> InMemorySource:
         ValueError: the object is none of the above (the message lists what is accepted), a config
             without weights (pass init="random"), or a tokenizer given for an SAE.
 
-    Example:
+    Examples:
         >>> sae = torch.nn.Module()
         >>> sae.W_dec = torch.nn.Parameter(torch.randn(50, 8))
         >>> rf.models.in_memory_source(sae).framework
@@ -335,7 +335,7 @@ def random_init(source, seed: int = 0, device=None, dtype: Optional[torch.dtype]
         FileNotFoundError: the source is not on this machine.
         ImportError: transformers is not installed.
 
-    Example:
+    Examples:
         >>> src = rf.models.random_init("minilm", seed=0)
         >>> src.init, src.seed, src.framework, src.label
         ('random', 0, 'transformers', 'model (random init, seed 0)')

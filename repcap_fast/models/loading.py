@@ -55,7 +55,7 @@ def runnable(source) -> Tuple[bool, str]:
         FileNotFoundError: the source is not on this machine.
         ValueError: the source is an unsupported file type, or an object that is not a model.
 
-    Example:
+    Examples:
         >>> rf.models.runnable("minilm")
         (True, 'a model directory with config.json and a tokenizer')
     """
@@ -109,7 +109,7 @@ def open_model(source=None, *, tokenizer=None, init: str = "trained", seed: int 
         FileNotFoundError: the source is not on this machine.
         ImportError: transformers (or, for GGUF, gguf and accelerate) is not installed.
 
-    Example:
+    Examples:
         >>> model, where = rf.models.open_model("minilm")
         >>> model.framework, model.init, str(model.device), where.kind
         ('transformers', 'trained', 'cpu', 'directory')

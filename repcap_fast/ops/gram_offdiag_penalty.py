@@ -315,7 +315,7 @@ def _(X, normalize, backend, precision):
 
 def gram_offdiag_penalty(X: torch.Tensor, p: int = 8, normalize: bool = True, reduction: str = "sum",
                          backend: str = "auto", precision: str = "highest") -> torch.Tensor:
-    """The penalty L = Σ_{i≠j} |ĝ_ij|^p over the Gram matrix of the k rows of X, differentiable.
+    r"""The penalty $L = \sum_{i \ne j} |\hat g_{ij}|^p$ over the Gram matrix of the k rows of X, differentiable.
 
     ĝ_ij = x̂_i·x̂_j of the row-normalized X (or x_i·x_j with normalize=False), over the k(k−1)
     ordered pairs i≠j, streamed: no k×k matrix (except on the torch backend), O(k·d) extra
@@ -360,7 +360,7 @@ def gram_offdiag_penalty(X: torch.Tensor, p: int = 8, normalize: bool = True, re
             string (``repcap_fast._validation.ArgumentTypeError``, also a ValueError).
         repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
 
-    Example:
+    Examples:
         >>> X = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]], requires_grad=True)
         >>> L = rf.gram_offdiag_penalty(X, p=2)  # 4 pairs with ĝ² = 1/2
         >>> round(L.item(), 4)
@@ -389,10 +389,11 @@ def gram_offdiag_penalty(X: torch.Tensor, p: int = 8, normalize: bool = True, re
 
 def gram_offdiag_penalty_block(X: torch.Tensor, row_start: int, row_stop: int, p: int, backend: str = "auto",
                                precision: str = "highest") -> Tuple[torch.Tensor, torch.Tensor]:
-    """The part of the penalty of the rows [row_start, row_stop) of X, and its gradient on them.
+    r"""The part of the penalty of the rows [row_start, row_stop) of X, and its gradient on them.
 
-    For the row-normalized X (all k rows): Σ_{i in rows} Σ_{j≠i} |ĝ_ij|^p, and ∂L/∂x_i of the full
-    L = Σ_{i≠j} |ĝ_ij|^p for those rows, from the fused kernel run on those rows against all k.
+    For the row-normalized X (all k rows): $\sum_{i \in \text{rows}} \sum_{j \ne i} |\hat g_{ij}|^p$,
+    and $\partial L/\partial x_i$ of the full $L = \sum_{i \ne j} |\hat g_{ij}|^p$ for those rows, from
+    the fused kernel run on those rows against all k.
     Summing the parts over a partition of the rows gives L: this is how ``packing.optimize``
     splits a step across ranks. It is the op ``torch.ops.repcap_fast.gram_offdiag_penalty_block``
     and traces with no graph break; it does not build an autograd graph.
@@ -418,7 +419,7 @@ def gram_offdiag_penalty_block(X: torch.Tensor, row_start: int, row_stop: int, p
             string (``repcap_fast._validation.ArgumentTypeError``, also a ValueError).
         repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
 
-    Example:
+    Examples:
         >>> X = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
         >>> part, grad = rf.gram_offdiag_penalty_block(X, 0, 2, p=2)
         >>> round(part.item(), 4), tuple(grad.shape)
@@ -441,14 +442,16 @@ def gram_offdiag_penalty_block(X: torch.Tensor, row_start: int, row_stop: int, p
 
 def gram_offdiag_log_penalty(X: torch.Tensor, p: int, backend: str = "auto",
                              precision: str = "highest") -> Tuple[float, torch.Tensor]:
-    """The log of the penalty, ln L for L = Σ_{i≠j} |ĝ_ij|^p of the row-normalized X, and ∂ln L/∂X.
+    r"""The log of the penalty, ln L, and its gradient ∂ln L/∂X.
 
-    From one pass of the fused kernel, without autograd. The log is what large p needs: L and
-    ∂L/∂X underflow float32, while ln L = logsumexp_i(p·ln m_i + ln s_i) (m_i = max_{j≠i} |ĝ_ij|,
-    s_i = Σ_{j≠i} (|ĝ_ij|/m_i)^p) and its gradient stay finite. (1/p)·ln L is the log of the
-    p-norm of the |ĝ_ij|, a smooth maximum that tends to ln max|ĝ| as p grows: the objective of
-    the p-continuation packing methods. When every ĝ_ij is 0, ln L = −inf and the gradient is 0.
-    The op ``torch.ops.repcap_fast.gram_offdiag_log_penalty`` returns ln L as a float64 0-d tensor.
+    For $L = \sum_{i \ne j} |\hat g_{ij}|^p$ of the row-normalized X, from one pass of the fused
+    kernel, without autograd. The log is what large p needs: L and ∂L/∂X underflow float32, while
+    $\ln L = \operatorname{logsumexp}_i(p \ln m_i + \ln s_i)$, with
+    $m_i = \max_{j \ne i} |\hat g_{ij}|$ and $s_i = \sum_{j \ne i} (|\hat g_{ij}|/m_i)^p$, and its
+    gradient stay finite. (1/p)·ln L is the log of the p-norm of the |ĝ_ij|, a smooth maximum that
+    tends to ln max|ĝ| as p grows: the objective of the p-continuation packing methods. When every
+    ĝ_ij is 0, ln L = −inf and the gradient is 0. The op
+    ``torch.ops.repcap_fast.gram_offdiag_log_penalty`` returns ln L as a float64 0-d tensor.
 
     Args:
         X: (k, d) tensor, any float dtype; k ≥ 2.
@@ -467,7 +470,7 @@ def gram_offdiag_log_penalty(X: torch.Tensor, p: int, backend: str = "auto",
             (``repcap_fast._validation.ArgumentTypeError``, also a ValueError).
         repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
 
-    Example:
+    Examples:
         >>> X = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
         >>> log_L, grad = rf.gram_offdiag_log_penalty(X, p=2)
         >>> round(log_L, 4)  # ln 2
@@ -489,10 +492,11 @@ def gram_offdiag_log_penalty(X: torch.Tensor, p: int, backend: str = "auto",
 
 def gram_offdiag_row_stats(X: torch.Tensor, p: int = 8, normalize: bool = True, backend: str = "auto",
                            precision: str = "highest") -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per row i of X: m_i = max_{j≠i} |ĝ_ij| and L_i = Σ_{j≠i} |ĝ_ij|^p, without gradient.
+    r"""Per row i of X, the largest off-diagonal |ĝ| and the row's part of the penalty, without gradient.
 
-    Σ_i L_i is the penalty L of ``gram_offdiag_penalty``. L_i is formed in float64 log space, so
-    it keeps float64's range even where |ĝ|^p underflows float32. The op
+    $m_i = \max_{j \ne i} |\hat g_{ij}|$ and $L_i = \sum_{j \ne i} |\hat g_{ij}|^p$. $\sum_i L_i$ is
+    the penalty L of ``gram_offdiag_penalty``. L_i is formed in float64 log space, so it keeps
+    float64's range even where |ĝ|^p underflows float32. The op
     ``torch.ops.repcap_fast.gram_offdiag_row_stats``.
 
     Args:
@@ -514,7 +518,7 @@ def gram_offdiag_row_stats(X: torch.Tensor, p: int = 8, normalize: bool = True, 
             string (``repcap_fast._validation.ArgumentTypeError``, also a ValueError).
         repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
 
-    Example:
+    Examples:
         >>> X = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
         >>> m, L_rows = rf.gram_offdiag_row_stats(X, p=2)
         >>> m.round(decimals=4).tolist(), L_rows.round(decimals=4).tolist()
@@ -536,11 +540,12 @@ def gram_offdiag_row_stats(X: torch.Tensor, p: int = 8, normalize: bool = True, 
 
 def gram_offdiag_max(X: torch.Tensor, normalize: bool = True, backend: str = "auto",
                      precision: str = "highest") -> float:
-    """The largest off-diagonal |entry| of X's Gram matrix, ε* = max_{i≠j} |ĝ_ij|, streamed (never k×k).
+    r"""The largest off-diagonal |entry| of X's Gram matrix, ε*, streamed (never k×k).
 
-    With normalize=True this is ``pairwise_cosine_stats`` over the pairs i<j (the largest
-    |cosine| is max(|min|, |max|)); with normalize=False the row maxima of the penalty's kernel.
-    The op ``torch.ops.repcap_fast.gram_offdiag_max`` returns ε* as a float64 0-d CPU tensor.
+    $\varepsilon^* = \max_{i \ne j} |\hat g_{ij}|$. With normalize=True this is
+    ``pairwise_cosine_stats`` over the pairs i<j (the largest |cosine| is max(|min|, |max|)); with
+    normalize=False the row maxima of the penalty's kernel. The op
+    ``torch.ops.repcap_fast.gram_offdiag_max`` returns ε* as a float64 0-d CPU tensor.
 
     Args:
         X: (k, d) tensor, any float dtype; k ≥ 2.
@@ -559,7 +564,7 @@ def gram_offdiag_max(X: torch.Tensor, normalize: bool = True, backend: str = "au
             (``repcap_fast._validation.ArgumentTypeError``, also a ValueError).
         repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
 
-    Example:
+    Examples:
         >>> X = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
         >>> round(rf.gram_offdiag_max(X), 4), rf.gram_offdiag_max(X, normalize=False)
         (0.7071, 1.0)

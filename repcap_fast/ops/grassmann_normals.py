@@ -57,7 +57,7 @@ def grassmann_normals(n: int, d: int, k: int, seed: int = 0, *, first_basis: int
         TypeError: an argument of the wrong type (a float or bool for an integer).
         repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
 
-    Example:
+    Examples:
         >>> from repcap_fast.ops.grassmann_normals import grassmann_normals
         >>> z = grassmann_normals(2, 3, 1, seed=7)
         >>> z.shape, torch.equal(z[1], grassmann_normals(1, 3, 1, seed=7, first_basis=1)[0])

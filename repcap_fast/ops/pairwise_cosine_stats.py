@@ -105,11 +105,12 @@ def pairwise_cosine_stats(
     progress: Optional[bool] = None,
     group=None,
 ) -> CosineStats:
-    """Statistics of all pairwise cosine similarities of the rows of A, never forming V×V.
+    r"""Statistics of all pairwise cosine similarities of the rows of A, never forming V×V.
 
-    For x̂_i = x_i/‖x_i‖ and c_ij = x̂_i·x̂_j over the n = V(V−1)/2 pairs i<j of A (or the V·m
-    pairs (i in A, j in B)): the count n, μ = Σc/n, the population σ = sqrt(Σc²/n − μ²), min,
-    max and a fixed-bin histogram, streamed tile by tile in O(V·d) memory. ε = μ + 2σ is
+    For $\hat x_i = x_i/\lVert x_i \rVert$ and $c_{ij} = \hat x_i \cdot \hat x_j$ over the
+    $n = V(V-1)/2$ pairs $i < j$ of A (or the V·m pairs (i in A, j in B)): the count n,
+    $\mu = \sum c/n$, the population $\sigma = \sqrt{\sum c^2/n - \mu^2}$, min, max and a
+    fixed-bin histogram, streamed tile by tile in O(V·d) memory. $\varepsilon = \mu + 2\sigma$ is
     ``result.epsilon()``.
 
     For float32 and float64 inputs at precision "highest", μ, σ, ``sum`` and ``sum_sq`` come from
@@ -155,7 +156,7 @@ def pairwise_cosine_stats(
         repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
         repcap_fast.distributed.RankFailure: with a group, the computation failed on some rank.
 
-    Example:
+    Examples:
         >>> X = torch.randn(200, 32, generator=torch.Generator().manual_seed(0))
         >>> stats = rf.pairwise_cosine_stats(X)
         >>> stats.count, round(stats.mean, 4), round(stats.std, 4), round(stats.epsilon(), 4)
@@ -226,10 +227,11 @@ def _with_gram_moments(raw: dict, ops: Operands) -> dict:
 
 @eager_only
 def cosine_moments(A, B=None, *, zero_rows: str = "error", n_rows: Optional[int] = None) -> CosineMoments:
-    """The exact mean and std of the pairwise cosines through the d×d Gram identity, in float64.
+    r"""The exact mean and std of the pairwise cosines through the d×d Gram identity, in float64.
 
-    With unit rows x̂_i and S = Σ_i x̂_i: Σ_{i<j} c_ij = (‖S‖² − V)/2 and Σ_{i<j} c_ij² =
-    (‖X̂ᵀX̂‖_F² − V)/2 (for A×B: Sᴬ·Sᴮ and ⟨X̂ᴬᵀX̂ᴬ, X̂ᴮᵀX̂ᴮ⟩_F), so μ and the population σ
+    With unit rows $\hat x_i$ and $S = \sum_i \hat x_i$: $\sum_{i<j} c_{ij} = (\lVert S \rVert^2 - V)/2$
+    and $\sum_{i<j} c_{ij}^2 = (\lVert \hat X^\top \hat X \rVert_F^2 - V)/2$ (for A×B: $S_A \cdot S_B$ and
+    $\langle \hat X_A^\top \hat X_A, \hat X_B^\top \hat X_B \rangle_F$), so μ and the population σ
     need no pairs at all: O(V·d²) time, O(d²) extra memory, on A's device.
 
     Args:
@@ -250,7 +252,7 @@ def cosine_moments(A, B=None, *, zero_rows: str = "error", n_rows: Optional[int]
         TypeError: A or B not a float tensor or array, or n_rows not an integer
             (``repcap_fast._validation.ArgumentTypeError``, also a ValueError).
 
-    Example:
+    Examples:
         >>> X = torch.randn(200, 32, generator=torch.Generator().manual_seed(0))
         >>> m = rf.cosine_moments(X)
         >>> m.count, round(m.mean, 4), round(m.std, 4), round(m.epsilon(), 4)
@@ -290,7 +292,7 @@ def epsilon(A, B=None, *, method: str = "gram", k_sigma: float = 2.0, **kwargs) 
         TypeError: k_sigma not a real number, a keyword that the method does not take, or a
             matrix of the wrong type.
 
-    Example:
+    Examples:
         >>> round(rf.epsilon(torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])), 4)
         1.1381
     """

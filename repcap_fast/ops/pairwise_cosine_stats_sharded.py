@@ -111,7 +111,7 @@ def pairwise_cosine_stats_sharded(
         repcap_fast.distributed.RankFailure: the computation failed on some rank.
         repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
 
-    Example:
+    Examples:
         Without a process group it is ``pairwise_cosine_stats``:
 
         >>> s = rf.pairwise_cosine_stats_sharded(torch.eye(3), bins=4)

@@ -246,13 +246,15 @@ def subspace_pga(
     progress: Optional[bool] = None,
     group=None,
 ) -> PGAResult:
-    """The Subspace-PGA z-score of one layer's hidden states H (N×d) against W_U's readout subspace.
+    r"""The Subspace-PGA z-score of one layer's hidden states H (N×d) against W_U's readout subspace.
 
     H is centered and its top ccr principal components removed (CCR); V_k holds the top-k right
     singular vectors of W_U. d_full are the cosine distances 1 − cos of all N(N−1)/2 token pairs,
-    d_S the same after projecting onto a subspace S. ρ_readout = Spearman(d_full, d_{V_k}) (average
-    ranks for ties), ρ_b likewise for n_null random subspaces drawn uniformly from the
-    Grassmannian, and z = (ρ_readout − mean ρ_b) / std ρ_b (sample std, ddof = 1). A degenerate
+    d_S the same after projecting onto a subspace S. $\rho_\text{readout}$ = Spearman($d_\text{full}$,
+    $d_{V_k}$) (average ranks for ties), $\rho_b$ likewise for n_null random subspaces drawn
+    uniformly from the Grassmannian, and
+    $z = (\rho_\text{readout} - \operatorname{mean}_b \rho_b) / \operatorname{std}_b \rho_b$
+    (sample std, ddof = 1). A degenerate
     input (see ``PGAResult``) gives a ``DegenerateInputWarning``.
 
     Args:
@@ -302,7 +304,7 @@ def subspace_pga(
         repcap_fast._backends.BackendUnavailableError: the backend asked for is not built here.
         repcap_fast.distributed.RankFailure: with a group, the computation failed on some rank.
 
-    Example:
+    Examples:
         >>> g = torch.Generator().manual_seed(0)
         >>> H, W_U = torch.randn(40, 16, generator=g), torch.randn(100, 16, generator=g)
         >>> result = rf.subspace_pga(H, W_U, k=4, n_null=20)
@@ -451,7 +453,7 @@ def pga_batch_bytes(backend: str, n_tokens: int, k: int, batch: int, dtype=torch
         KeyError: a backend other than "cpu", "cuda" or "triton" (the torch reference has no
             batch).
 
-    Example:
+    Examples:
         >>> rf.pga.pga_batch_bytes("cuda", 1024, 100, 16)
         84137984
     """

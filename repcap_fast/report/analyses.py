@@ -46,7 +46,7 @@ def epsilon_analysis(matrix: torch.Tensor, *, bins: int = 4096, k_sigma: float =
             setting out of range (bins, backend, precision).
         TypeError: k_sigma is not a real number, or matrix is not a floating tensor or array.
 
-    Example:
+    Examples:
         >>> E = torch.randn(200, 32, generator=torch.Generator().manual_seed(0))
         >>> out, stats = rf.report.epsilon_analysis(E, bins=256, progress=False)
         >>> out["pairs"], out["class"], round(out["epsilon"], 3), round(out["exact"]["epsilon"], 3)
@@ -105,7 +105,7 @@ def embedding_vs_unembedding(E: torch.Tensor, U: torch.Tensor, *, bins: int = 40
             shapes do not match.
         TypeError: k_sigma is not a real number.
 
-    Example:
+    Examples:
         >>> g = torch.Generator().manual_seed(0)
         >>> E = torch.randn(100, 16, generator=g)
         >>> out = rf.report.embedding_vs_unembedding(E, E + 0.1 * torch.randn(100, 16, generator=g), bins=64,
@@ -154,7 +154,7 @@ def spectral_profile(states: HiddenStates, basis: torch.Tensor, m: int = 10) -> 
     Raises:
         ValueError: a layer's states or the basis have the wrong shape, or hold NaN/inf.
 
-    Example:
+    Examples:
         >>> states = rf.hidden_states("minilm", texts=["The cat sat on the mat. " * 20], n_tokens=64,
         ...                           layers=[0, 6], progress=False)
         >>> basis = rf.pga.readout_basis(rf.load_embeddings("minilm").input, k=16).basis

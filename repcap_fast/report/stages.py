@@ -50,7 +50,7 @@ class ReportModel:
         skip (str | None): why no hidden states, PGA or spectra can run (no unembedding, a single
             matrix without a model), or None.
 
-    Example:
+    Examples:
         >>> rm = rf.report.embeddings_stage("minilm", rf.report.ReportSettings(n_rows=500))
         >>> rm.embeddings.input.shape, rm.device, rm.skip
         (torch.Size([500, 384]), 'cpu', None)
@@ -107,7 +107,7 @@ def embeddings_stage(source, settings: ReportSettings, *, tokenizer=None) -> Rep
             device or dtype than settings asks.
         FileNotFoundError: the source is not on this machine.
 
-    Example:
+    Examples:
         >>> rm = rf.report.embeddings_stage("minilm", rf.report.ReportSettings(n_rows=1000))
         >>> rm.embeddings.rows_kept, rm.embeddings.tied, rm.to_dict()["device"]
         (1000, True, 'cpu')
@@ -145,7 +145,7 @@ def check_model_settings(rm: ReportModel, settings: ReportSettings) -> Optional[
         ValueError: k ≥ d_model, a CCR-m with m ≥ d_model, a layer out of range, or the model
             cannot run text (rm.skip).
 
-    Example:
+    Examples:
         >>> rm = rf.report.embeddings_stage("minilm", rf.report.ReportSettings(n_rows=500))
         >>> rf.report.check_model_settings(rm, rf.report.ReportSettings(layers=[0, -1]))
         [0, 6]
@@ -187,7 +187,7 @@ def hidden_states_stage(rm: ReportModel, settings: ReportSettings, *, layers: Op
             that does not fit, or float16 activations out of range.
         RuntimeError: the model ran other layers than its config promised.
 
-    Example:
+    Examples:
         >>> s = rf.report.ReportSettings(n_tokens=64, layers=[0, 6], ccrs=1, n_rows=500)
         >>> rm = rf.report.embeddings_stage("minilm", s)
         >>> states = rf.report.hidden_states_stage(rm, s, texts=["The cat sat on the mat. " * 20], progress=False)
@@ -226,7 +226,7 @@ def epsilon_stage(embeddings: Embeddings, settings: ReportSettings, *, progress:
         ValueError: a zero row with zero_rows="error", a NaN or inf value, or a setting the device
             cannot run.
 
-    Example:
+    Examples:
         >>> s = rf.report.ReportSettings(n_rows=500, bins=256)
         >>> section = rf.report.epsilon_stage(rf.load_embeddings("minilm", n_rows=500), s, progress=False)
         >>> section["input"]["pairs"], section["output"], section["note"]
@@ -277,7 +277,7 @@ def pga_stage(states: HiddenStates, embeddings: Embeddings, settings: ReportSett
     Raises:
         ValueError: k ≥ d, a CCR-m with m ≥ min(N, d), or states that hold NaN/inf.
 
-    Example:
+    Examples:
         >>> s = rf.report.ReportSettings(n_tokens=64, layers=[0, 6], ccrs=1, k=16, n_null=5, n_rows=2000)
         >>> rm = rf.report.embeddings_stage("minilm", s)
         >>> texts = rf.models.default_corpus()[1][:40]
@@ -323,7 +323,7 @@ def spectral_stage(states: HiddenStates, basis: torch.Tensor, settings: ReportSe
     Raises:
         ValueError: states or basis of the wrong shape, or holding NaN/inf.
 
-    Example:
+    Examples:
         >>> s = rf.report.ReportSettings(n_tokens=64, layers=[0, 6], ccrs=1, k=16)
         >>> states = rf.hidden_states("minilm", texts=["The cat sat on the mat. " * 20], n_tokens=64,
         ...                           layers=[0, 6], progress=False)
@@ -364,7 +364,7 @@ def probe_stage(rm: ReportModel, layers: Sequence[int], settings: ReportSettings
             probe_folds folds.
         ImportError: scikit-learn is not installed.
 
-    Example:
+    Examples:
         >>> s = rf.report.ReportSettings(probe_file="labels.jsonl")  # doctest: +SKIP
         >>> rf.report.probe_stage(rm, [0, 6], s)["layers"][0]["accuracy"]  # doctest: +SKIP
         0.9...

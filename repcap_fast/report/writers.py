@@ -44,7 +44,7 @@ def report_markdown(report: Dict) -> str:
     Raises:
         KeyError: the dict lacks a section every report has ("model", "epsilon", "provenance").
 
-    Example:
+    Examples:
         >>> import os, tempfile
         >>> folder = tempfile.mkdtemp()
         >>> path = os.path.join(folder, "E.npy")
@@ -159,7 +159,7 @@ def write_report(report: Dict, folder: str, *, markdown: bool = True) -> None:
         ValueError: a value JSON cannot hold (NaN or inf).
         OSError: the folder cannot be written.
 
-    Example:
+    Examples:
         >>> import os, tempfile
         >>> folder = tempfile.mkdtemp()
         >>> path = os.path.join(folder, "E.npy")
