@@ -216,30 +216,48 @@ def plot_probe(probe: Dict, profile: Dict, path: str, title: str) -> None:
         fig.suptitle(title)
 
 
+def _missing_note(layers, values, key: str) -> str:
+    """Which layers a panel leaves out, and why (a value that is missing, NaN or infinite)."""
+    why = {"condition_number": "∞, rank-deficient", "alpha_req": "undefined"}
+    gone = [layer for layer, v in zip(layers, values) if v is None or not np.isfinite(v)]
+    if not gone:
+        return ""
+    reason = why.get(key, "undefined")
+    return f"(layer{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} not plotted: {reason})"
+
+
 def plot_spectral(rows: List[Dict], path: str, title: str) -> None:
     """RankMe, α-ReQ, isotropy and condition number per layer.
 
     And the mass of the top principal directions in the readout subspace (rows of
-    `report.spectral_profile`).
+    `report.spectral_profile`), on two rows of panels; a panel that leaves a layer out (a value
+    that is missing, NaN or infinite) says which and why.
     """
     layers = [r["layer"] for r in rows]
-    with _figure(path, 1, 5, figsize=(17, 3.6)) as (fig, axes):
-        for ax, key, label in zip(axes, ("rankme", "alpha_req", "isotropy", "condition_number"),
+    with _figure(path, 2, 3, figsize=(10.5, 6.6), dpi=100) as (fig, axes):
+        flat = list(axes.flat)
+        for ax, key, label in zip(flat, ("rankme", "alpha_req", "isotropy", "condition_number"),
                                   ("RankMe (singular values)", "α-ReQ", "isotropy (partition fn.)",
                                    "condition number")):
-            ax.plot(layers, [_nan(r[key]) for r in rows], "o-", ms=3)
-            ax.set_title(label, fontsize=9)
+            values = [r[key] for r in rows]
+            shown = [np.nan if v is None or not np.isfinite(v) else v for v in values]
+            ax.plot(layers, shown, "o-", ms=4)
+            note = _missing_note(layers, values, key)
+            ax.set_title(f"{label}\n{note}" if note else label, fontsize=10)
             ax.set_xlabel("layer")
-            if key == "condition_number":
+            ax.set_xticks(layers)
+            if key == "condition_number" and any(v > 0 for v in shown if np.isfinite(v)):
                 ax.set_yscale("log")
-        ax = axes[4]
-        ax.plot(layers, [r["readout_alignment_mean"] for r in rows], "o-", ms=3, label="top PCs, mean")
-        ax.plot(layers, [r["readout_alignment_top"][0] for r in rows], "s--", ms=3, label="top PC")
+        ax = flat[4]
+        ax.plot(layers, [r["readout_alignment_mean"] for r in rows], "o-", ms=4, label="top PCs, mean")
+        ax.plot(layers, [r["readout_alignment_top"][0] for r in rows], "s--", ms=4, label="top PC")
         ax.axhline(rows[0]["random_direction_expectation"], color="grey", ls=":", label="random direction (k/d)")
         ax.set_ylim(0, 1.02)
-        ax.set_title("PC mass in the readout subspace", fontsize=9)
+        ax.set_title("PC mass in the readout subspace", fontsize=10)
         ax.set_xlabel("layer")
-        ax.legend(fontsize=7)
+        ax.set_xticks(layers)
+        ax.legend(fontsize=8)
+        flat[5].set_axis_off()
         fig.suptitle(title)
 
 

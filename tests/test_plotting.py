@@ -26,3 +26,23 @@ def test_writing_a_plot_keeps_the_callers_backend_and_figures(tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
     png = (tmp_path / "loss.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 1000
+
+
+def test_the_spectra_plot_says_which_layers_it_leaves_out_and_why(tmp_path):
+    import math
+
+    from repcap_fast import plotting
+
+    rows = [{"layer": i, "rankme": 10.0 + i, "alpha_req": 1.2, "isotropy": 0.1,
+             "condition_number": c, "readout_alignment_mean": 0.3, "readout_alignment_top": [0.2],
+             "random_direction_expectation": 0.25} for i, c in enumerate([5.0, 7.0, math.inf, None])]
+    assert plotting._missing_note([0, 1, 2, 3], [r["condition_number"] for r in rows], "condition_number") == (
+        "(layers 2, 3 not plotted: ∞, rank-deficient)")
+    assert plotting._missing_note([0, 1], [1.0, 2.0], "rankme") == ""
+    assert plotting._missing_note([0, 1], [1.0, float("nan")], "alpha_req") == "(layer 1 not plotted: undefined)"
+    path = tmp_path / "spectral.png"
+    plotting.plot_spectral(rows, str(path), "spectra")
+    assert path.stat().st_size > 10_000
+    for r in rows:  # every condition number infinite (N <= d): the panel is empty, and says so
+        r["condition_number"] = math.inf
+    plotting.plot_spectral(rows, str(path), "spectra")
