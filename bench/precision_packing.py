@@ -40,6 +40,8 @@ from repcap_fast._progress import progress_bar
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import OUT_DIR, format_table, write_results  # noqa: E402
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 KS = (256, 512, 1024)
 DS = (16, 32, 64, 128)
 SEEDS = (0, 1, 2)
@@ -192,7 +194,9 @@ def main():
     write_results(name, {"what": "packing.optimize (method paper) at each precision, cpu emulation",
                          "steps": args.steps, "ks": KS, "ds": DS, "seeds": SEEDS, "limit": LIMIT,
                          "controls": CONTROLS, "cells": per_cell, "overall": overall, "jl_fits": fits,
-                         "cells_passing": passed, "plot": plot_path}, lines)
+                         "cells_passing": passed,
+                         "plot": os.path.relpath(plot_path, REPO)},  # relative: no path of this machine
+                        lines)
     print(f"wrote {plot_path}")
     return 0
 

@@ -82,7 +82,8 @@ def qwen2(device: str, smoke: bool, out: str, progress: bool = True) -> dict:
                          "backend": report["epsilon"][k]["backend"]} for k in ("input", "output")},
             "input_vs_output_epsilon": report["epsilon"]["input_vs_output"]["all_pairs"]["epsilon"],
             "z": {ccr: [r["z"] for r in rows] for ccr, rows in pga.items()},
-            "pga_backend": pga["1"][0]["backend"], "layers": len(pga["1"]), "out": out}
+            "pga_backend": pga["1"][0]["backend"], "layers": len(pga["1"]),
+            "out": os.path.basename(os.path.normpath(out))}  # the folder's name: no path of this machine
 
 
 def llama3_embeddings(device: str, smoke: bool, progress: bool = True) -> dict:

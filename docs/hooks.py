@@ -3,9 +3,11 @@
 A page asks for generated content with a marker line:
 
     <!-- generated: api repcap_fast.pga -->   one mkdocstrings entry per name in the module's __all__
+    <!-- generated: api repcap_fast topic:cosine -->  the names of one topic (API_TOPICS)
     <!-- generated: cli -->                   `repcap --help` and the help of every subcommand
-    <!-- generated: benchmarks cpu -->        the tables of bench/results/*.json
-    <!-- generated: benchmarks gpu -->        the tables of bench/results/gpu_*/*.json, one run each
+    <!-- generated: benchmarks overview -->   per op: a plot against size, a long table (bench_pages.py)
+    <!-- generated: benchmarks cpu -->        each file of bench/results/*.json: summary, plots, raw fields
+    <!-- generated: benchmarks gpu -->        each file of bench/results/gpu_*/*.json, one run each
     <!-- generated: notebook examples/x.ipynb --> the notebook's cells and saved outputs (plots inline)
 
 The functions are plain Python so that the tests can check the generated pages (every public
@@ -22,10 +24,13 @@ import json
 import logging
 import pathlib
 import re
+import sys
 import types
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_pages  # noqa: E402  (docs/bench_pages.py, beside this file; mkdocs loads hooks by path)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 MARKER = re.compile(r"^<!-- generated: (\w+)\s*(.*?)\s*-->\s*$", re.M)
 
 
@@ -41,11 +46,68 @@ def public_names(modname: str) -> list[str]:
     return [n for n in names if not isinstance(getattr(mod, n), types.ModuleType)]
 
 
-def api_markdown(modname: str) -> str:
-    """One mkdocstrings entry per public name of `modname`, grouped: functions, classes, constants."""
+# Modules whose reference is split over pages by topic, so that no page holds more than about 40
+# objects: {module: {topic: names}}. Every public name of such a module is in exactly one topic
+# (api_topics() raises otherwise), so a new name cannot fall out of the reference.
+API_TOPICS: dict[str, dict[str, list[str]]] = {
+    "repcap_fast": {
+        "cosine": ["pairwise_cosine_stats", "cosine_moments", "epsilon", "pairwise_cosine_stats_sharded",
+                   "CosineStats", "CosineMoments"],
+        "pga": ["subspace_pga", "PGAResult"],
+        "penalty": ["gram_offdiag_penalty", "gram_offdiag_log_penalty", "gram_offdiag_max",
+                    "gram_offdiag_row_stats", "gram_offdiag_penalty_block"],
+        "models": ["load_embeddings", "hidden_states", "info", "__version__"],
+    },
+    "repcap_fast.models": {
+        "reading": ["load_embeddings", "hidden_states", "Embeddings", "HiddenStates", "check_embeddings",
+                    "check_layers", "layer_count", "read_texts", "default_corpus"],
+        "sources": ["open_model", "resolve_source", "runnable", "in_memory_source", "is_in_memory", "random_init",
+                    "InMemorySource", "ResolvedSource", "TensorNames", "NoUnembeddingError", "ALIASES",
+                    "ARCHITECTURES", "DEFAULT_CORPUS", "DEFAULT_MODEL", "FRAMEWORKS", "INITS",
+                    "LAST_LAYER_MEANING", "LAST_LAYER_POINTS", "MINILM", "SMOLLM2"],
+    },
+}
+
+
+def api_topics(modname: str) -> dict[str, list[str]]:
+    """The topics of a split module, checked against its __all__: each public name in one topic."""
+    topics = API_TOPICS[modname]
+    listed = [n for names in topics.values() for n in names]
+    public = public_names(modname)
+    missing = sorted(set(public) - set(listed))
+    unknown = sorted(set(listed) - set(public))
+    twice = sorted({n for n in listed if listed.count(n) > 1})
+    if missing or unknown or twice:
+        raise RuntimeError(f"docs/hooks.py API_TOPICS[{modname!r}] is out of date: not listed {missing}, "
+                           f"not public {unknown}, listed twice {twice}")
+    return topics
+
+
+def api_entry(modname: str, name: str) -> str:
+    """The mkdocstrings identifier of a public name: `module.name`, or the object's own path where
+    the module also has a submodule of that name (griffe would document the submodule instead)."""
+    mod = importlib.import_module(modname)
+    obj = getattr(mod, name)
+    shadowed = isinstance(getattr(mod, "__path__", None), list) and (
+        pathlib.Path(mod.__file__).parent / f"{name}.py").exists()
+    if shadowed and getattr(obj, "__module__", None) and getattr(obj, "__qualname__", None):
+        return f"{obj.__module__}.{obj.__qualname__}"
+    return f"{modname}.{name}"
+
+
+def api_markdown(arg: str) -> str:
+    """One mkdocstrings entry per public name of a module (`arg` = "repcap_fast.pga"), or of one
+    topic of a split module (`arg` = "repcap_fast topic:cosine"), grouped: functions, classes, constants."""
+    modname, _, topic = arg.partition(" topic:")
+    if topic:
+        names = api_topics(modname)[topic]
+    elif modname in API_TOPICS:
+        raise ValueError(f"{modname} is split by topic: name one of {sorted(API_TOPICS[modname])}")
+    else:
+        names = public_names(modname)
     mod = importlib.import_module(modname)
     groups: dict[str, list[str]] = {"Functions": [], "Classes": [], "Constants": []}
-    for n in public_names(modname):
+    for n in names:
         obj = getattr(mod, n)
         if inspect.isclass(obj):
             groups["Classes"].append(n)
@@ -54,12 +116,12 @@ def api_markdown(modname: str) -> str:
         else:
             groups["Constants"].append(n)
     out = []
-    for title, names in groups.items():
-        if not names:
+    for title, group in groups.items():
+        if not group:
             continue
         out.append(f"## {title}\n")
-        for n in names:
-            out.append(f"::: {modname}.{n}\n    options:\n      heading_level: 3\n")
+        for n in group:
+            out.append(f"::: {api_entry(modname, n)}\n    options:\n      heading_level: 3\n")
     return "\n".join(out)
 
 
@@ -83,115 +145,12 @@ def cli_markdown() -> str:
 # ---------------------------------------------------------------- benchmarks
 
 
-def _fmt(v) -> str:
-    if isinstance(v, bool) or v is None:
-        return str(v)
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v).replace("|", "\\|").replace("\n", " ")
-
-
-def _scalar(v) -> bool:
-    return v is None or isinstance(v, (bool, int, float, str))
-
-
-def _flatten(d: dict, left: set, prefix: str = "", depth: int = 0) -> dict:
-    """The scalar fields of a record, nested records one level deep as `outer.inner` columns.
-    The names of what is not tabulated (lists, deeper records) go into `left`."""
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if _scalar(v):
-            out[key] = v
-        elif isinstance(v, dict) and depth < 1:
-            out.update(_flatten(v, left, f"{key}.", depth + 1))
-        else:
-            left.add(key)
-    return out
-
-
-def _table(rows: list[dict]) -> list[str]:
-    cols: list[str] = []
-    for r in rows:
-        for k in r:
-            if k not in cols:
-                cols.append(k)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |")
-    return lines + [""]
-
-
-def _machine(doc: dict) -> str:
-    m = doc.get("machine") or doc.get("meta") or {}
-    parts = []
-    for key in ("date_utc", "date"):
-        if key in m or key in doc:
-            parts.append(str(m.get(key, doc.get(key))))
-            break
-    for key in ("gpu", "device", "processor"):
-        val = m.get(key, doc.get(key))
-        if val:
-            parts.append(str(val))
-            break
-    if m.get("cpu_count"):
-        parts.append(f"{m['cpu_count']} CPUs")
-    torch_v = m.get("torch", doc.get("torch"))
-    if torch_v:
-        parts.append(f"torch {torch_v}")
-    return ", ".join(parts) if parts else "machine not recorded in the file"
-
-
-def bench_file_markdown(path: pathlib.Path) -> str:
-    """The tables of one bench result file, generated from its JSON."""
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    rel = path.relative_to(ROOT).as_posix()
-    title = doc.get("op") or doc.get("what") or doc.get("command") or path.stem
-    out = [f"### {path.stem}\n", f"`{rel}`: {_fmt(title)}. Machine: {_machine(doc)}.\n"]
-    if isinstance(doc.get("table"), list) and all(isinstance(t, str) for t in doc["table"]):
-        out += ["```text", *doc["table"], "```\n"]
-    tabulated = {"table", "machine", "meta", "op", "what", "command", "date", "device", "torch"}
-    left: set = set()
-    for key in ("ratios", "fits", "overall", "results", "cells", "rows", "frames"):
-        val = doc.get(key)
-        if isinstance(val, dict) and val:
-            if all(_scalar(v) for v in val.values()):
-                out += [f"**{key}**\n", *_table([val])]
-                tabulated.add(key)
-            elif all(isinstance(v, dict) for v in val.values()):
-                out += [f"**{key}**\n", *_table([{"": k, **_flatten(v, left, f"{k}: ")} for k, v in val.items()])]
-                tabulated.add(key)
-        elif isinstance(val, list) and val and all(isinstance(v, dict) for v in val):
-            out += [f"**{key}**\n", *_table([_flatten(v, left) for v in val])]
-            tabulated.add(key)
-    left |= {k for k in doc if k not in tabulated and not _scalar(doc[k])}
-    scalars = {k: v for k, v in doc.items() if k not in tabulated and _scalar(v)}
-    if scalars:
-        out += ["**settings**\n", *_table([scalars])]
-    if left:
-        out.append(f"Not tabulated here (lists or nested records; they are in the JSON file): "
-                   f"{', '.join(f'`{k}`' for k in sorted(left))}.\n")
-    return "\n".join(out)
-
-
-def _gpu_dirs() -> list[pathlib.Path]:
-    return sorted(p for p in RESULTS.glob("gpu_*") if p.is_dir())
-
-
 def benchmarks_markdown(which: str) -> str:
-    """Every bench result of the CPU (`which="cpu"`) or of each GPU run (`"gpu"`), as tables."""
-    if which == "cpu":
-        files = sorted(RESULTS.glob("*.json"))
-        return "\n".join(bench_file_markdown(f) for f in files)
-    if which == "gpu":
-        out = []
-        for run in _gpu_dirs():
-            out.append(f"## {run.name}\n")
-            out += [bench_file_markdown(f) for f in sorted(run.glob("*.json"))]
-        return "\n".join(out)
-    raise ValueError(f"benchmarks: expected cpu or gpu, got {which!r}")
+    """The overview (`which="overview"`: per op, plots and a long table) or every result file of
+    the CPU (`"cpu"`) or of each GPU run (`"gpu"`); see docs/bench_pages.py."""
+    if which == "overview":
+        return bench_pages.overview_markdown()
+    return bench_pages.machine_markdown(which)
 
 
 # ---------------------------------------------------------------- notebooks
@@ -273,3 +232,12 @@ def render(markdown: str) -> str:
 
 def on_page_markdown(markdown, page, config, files):  # noqa: ARG001  (mkdocs hook signature)
     return render(markdown)
+
+
+def on_files(files, config):
+    """Adds the benchmark plots (drawn from bench/results/ now) to the site, as benchmarks/plots/*.png."""
+    from mkdocs.structure.files import File
+
+    for name, png in bench_pages.plots().items():
+        files.append(File.generated(config, f"benchmarks/{bench_pages.PLOT_DIR}/{name}", content=png))
+    return files

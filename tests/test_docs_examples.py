@@ -10,6 +10,11 @@ starts with a marker line that says why:
     # docs-example: skip <why it never runs here>
 
 A marker without a reason fails.
+
+A block that prints is followed by its output block (```text title="Output"), and what the block
+prints must match it: text exactly (whitespace runs as one space, `...` as a wildcard), numbers to
+one unit in their last printed digit (tests/_docs_outputs.py). A block that prints without an
+output block fails, and so does an output block whose block prints nothing.
 """
 
 import json
@@ -22,18 +27,18 @@ import sys
 import pytest
 import torch
 
+from _docs_outputs import OUTPUT_FENCE, blocks, mismatch
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-FENCE = re.compile(r"^```python\n(.*?)^```\s*$", re.S | re.M)
 MARKER = re.compile(r"^# docs-example: (\w+)(.*)$")
 
 
 def _blocks():
     for page in PAGES:
         text = page.read_text(encoding="utf-8")
-        for match in FENCE.finditer(text):
-            line = text.count("\n", 0, match.start()) + 1
-            yield pytest.param(match.group(1), id=f"{page.relative_to(ROOT)}:{line}")
+        for line, code, expected, _span in blocks(text):
+            yield pytest.param(code, expected, id=f"{page.relative_to(ROOT)}:{line}")
 
 
 BLOCKS = list(_blocks())
@@ -80,8 +85,8 @@ def test_the_runner_reports_failures_and_runs_blocks_as_scripts(runner, tmp_path
     assert code == 1 and "NameError" in err
 
 
-@pytest.mark.parametrize("code", BLOCKS)
-def test_example_runs(code, tmp_path, runner):
+@pytest.mark.parametrize("code,expected", BLOCKS)
+def test_example_runs(code, expected, tmp_path, runner):
     first = code.splitlines()[0]
     marker = MARKER.match(first)
     if marker:
@@ -93,3 +98,19 @@ def test_example_runs(code, tmp_path, runner):
     script.write_text(code, encoding="utf-8")
     returncode, out, err = _run(runner, script, tmp_path)
     assert returncode == 0, f"the example failed (exit status {returncode}):\n{out[-3000:]}\n{err[-5000:]}"
+    if expected is None:
+        assert not out.strip(), (f"the example prints, but no output block follows it: add\n{OUTPUT_FENCE}\n"
+                                 f"{out.rstrip()}\n```\n(python tests/_docs_outputs.py PAGE writes it)")
+    else:
+        assert out.strip(), "the example has an output block but prints nothing"
+        problem = mismatch(expected, out)
+        assert problem is None, problem
+
+
+def test_output_blocks_compare_text_and_numbers():
+    assert mismatch("(19900, 0.0028)\nwrote ... in ... s", "(19900, 0.0029)\nwrote /x/y in 52.4 s") is None
+    assert "number 1" in mismatch("(19900, 0.0028)", "(19901, 0.0028)")  # integers are exact
+    assert "number 2" in mismatch("(19900, 0.0028)", "(19900, 0.0030)")  # one unit of the last digit
+    assert mismatch("3.99e+07", "4.00e+07") is None and mismatch("3.99e+07", "4.01e+07")
+    assert "differs" in mismatch("z per layer", "z per head")
+    assert mismatch("a  b\n", "a b") is None

@@ -34,9 +34,15 @@ def _public_names():
     return names
 
 
+def _entry(qualified: str) -> str:
+    modname, _, name = qualified.rpartition(".")
+    return hooks.api_entry(modname, name)
+
+
 def test_every_public_name_is_in_the_api_reference():
-    entries = set(re.findall(r"^::: (\S+)$", _rendered_api(), flags=re.M))
-    names = _public_names()
+    found = re.findall(r"^::: (\S+)$", _rendered_api(), flags=re.M)
+    entries = set(found)
+    names = [_entry(n) for n in _public_names()]
     assert len(names) > 100
     missing = [n for n in names if n not in entries]
     assert not missing, f"public names without an API entry: {missing}"
@@ -48,8 +54,24 @@ def test_every_public_name_is_in_the_api_reference():
 def test_every_public_module_has_an_api_page_in_the_navigation(sub):
     page = DOCS / "api" / f"{sub}.md"
     assert page.exists(), f"docs/api/{sub}.md is missing"
-    assert f"<!-- generated: api repcap_fast.{sub} -->" in page.read_text(encoding="utf-8")
+    assert re.search(rf"<!-- generated: api repcap_fast\.{sub}( topic:\w+)? -->", page.read_text(encoding="utf-8"))
     assert f"api/{sub}.md" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+
+
+def test_the_split_modules_list_every_public_name_once_and_every_topic_has_a_page():
+    pages = "\n".join(p.read_text(encoding="utf-8") for p in (DOCS / "api").glob("*.md"))
+    for modname, topics in hooks.API_TOPICS.items():
+        hooks.api_topics(modname)  # raises when a public name is missing, unknown or listed twice
+        for topic in topics:
+            assert f"<!-- generated: api {modname} topic:{topic} -->" in pages
+    with pytest.raises(ValueError, match="split by topic"):
+        hooks.api_markdown("repcap_fast")
+
+
+def test_a_name_shadowed_by_a_submodule_points_at_the_object():
+    # repcap_fast.models.hidden_states is a function and a submodule: the entry must be the function
+    assert hooks.api_entry("repcap_fast.models", "hidden_states") == "repcap_fast.models.hidden_states.hidden_states"
+    assert hooks.api_entry("repcap_fast", "hidden_states") == "repcap_fast.hidden_states"
 
 
 def test_every_page_is_in_the_navigation():
