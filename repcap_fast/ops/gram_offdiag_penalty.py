@@ -317,14 +317,14 @@ def gram_offdiag_penalty(X: torch.Tensor, p: int = 8, normalize: bool = True, re
                          backend: str = "auto", precision: str = "highest") -> torch.Tensor:
     r"""The penalty $L = \sum_{i \ne j} |\hat g_{ij}|^p$ over the Gram matrix of the k rows of X, differentiable.
 
-    ĝ_ij = x̂_i·x̂_j of the row-normalized X (or x_i·x_j with normalize=False), over the k(k−1)
-    ordered pairs i≠j, streamed: no k×k matrix (except on the torch backend), O(k·d) extra
-    memory. ``L.backward()`` gives ∂L/∂X, including the chain rule through the row normalization;
-    the gradient is formed with L by the same kernel. Deterministic on a given backend and
-    machine. Twice differentiable: with ``create_graph=True`` the gradient has a graph whose
-    backward is a Hessian-vector product, streamed in float64 row blocks (a third derivative
-    raises). ``repcap_fast.reference.gram_offdiag_penalty_reference`` is the paper's formulation
-    with autograd.
+    $\hat g_{ij} = \hat x_i \cdot \hat x_j$ of the row-normalized X ($x_i \cdot x_j$ with
+    normalize=False), over the k(k−1) ordered pairs $i \ne j$, streamed: no k×k matrix (except on
+    the torch backend), O(k·d) extra memory. ``L.backward()`` gives ∂L/∂X, including the chain rule
+    through the row normalization; the gradient is formed with L by the same kernel. Deterministic
+    on a given backend and machine. Twice differentiable: with ``create_graph=True`` the gradient
+    has a graph whose backward is a Hessian-vector product, streamed in float64 row blocks (a third
+    derivative raises). ``repcap_fast.reference.gram_offdiag_penalty_reference`` is the paper's
+    formulation with autograd.
 
     Works inside ``torch.compile(fullgraph=True, dynamic=True)`` with no graph break: it is the op
     ``torch.ops.repcap_fast.gram_offdiag_penalty(X, p, normalize, reduction, backend, precision,
