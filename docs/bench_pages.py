@@ -61,8 +61,9 @@ def machine_of(doc: dict) -> str:
     """The machine a result file records, in words: the GPU, or the CPU and its cores; torch."""
     m = _meta(doc)
     parts = []
-    if m.get("gpu"):
-        parts.append(str(m["gpu"]))
+    gpu = m.get("gpu") or m.get("device") or (doc.get("device") if doc.get("device") not in (None, "cpu") else None)
+    if gpu:
+        parts.append(str(gpu))
     else:
         arch = next((a for a in ("x86_64", "aarch64", "arm64") if a in str(m.get("platform", ""))), "")
         cpu = m.get("processor") or (f"{arch} CPU" if arch else "CPU")
@@ -365,6 +366,15 @@ def _summary_lines(doc: dict) -> list[str]:
     return []
 
 
+def _pngs_of(path: pathlib.Path) -> list[pathlib.Path]:
+    """The plots a result file's script wrote beside it: `stem.png` and `stem_*.png`, less those of a
+    sibling file whose stem is longer (packing_fit_cpu_small_minimax_jl.png is not packing_fit_cpu_small's)."""
+    siblings = [j.stem for j in path.parent.glob("*.json") if j.stem != path.stem and j.stem.startswith(path.stem)]
+    return [png for png in sorted(path.parent.glob(f"{path.stem}*.png"))
+            if (png.stem == path.stem or png.stem.startswith(path.stem + "_"))
+            and not any(png.stem == s or png.stem.startswith(s + "_") for s in siblings)]
+
+
 def file_section(path: pathlib.Path, level: str = "###") -> str:
     """The section of one result file: what, where, when; its summary, its plots, its raw fields."""
     doc = _load(path)
@@ -377,7 +387,7 @@ def file_section(path: pathlib.Path, level: str = "###") -> str:
     if op:
         out.append(f"Plotted with the other machine kinds in [the overview](index.md#{op}).\n")
     out += _summary_lines(doc)
-    for png in sorted(path.parent.glob(f"{path.stem}*.png")):
+    for png in _pngs_of(path):
         out.append(f"![{png.stem}]({PLOT_DIR}/{_png_name(png)})\n")
     out += _raw_block(path)
     return "\n".join(out)

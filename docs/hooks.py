@@ -88,8 +88,9 @@ def api_entry(modname: str, name: str) -> str:
     the module also has a submodule of that name (griffe would document the submodule instead)."""
     mod = importlib.import_module(modname)
     obj = getattr(mod, name)
-    shadowed = isinstance(getattr(mod, "__path__", None), list) and (
-        pathlib.Path(mod.__file__).parent / f"{name}.py").exists()
+    folder = pathlib.Path(mod.__file__).parent
+    shadowed = hasattr(mod, "__path__") and ((folder / f"{name}.py").exists()
+                                             or (folder / name / "__init__.py").exists())
     if shadowed and getattr(obj, "__module__", None) and getattr(obj, "__qualname__", None):
         return f"{obj.__module__}.{obj.__qualname__}"
     return f"{modname}.{name}"

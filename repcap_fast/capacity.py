@@ -244,7 +244,7 @@ def full_capacity(d, eps, **params):
 
 
 def full_epsilon(k, d, C=FULL_PARAMS["C"], a=FULL_PARAMS["a"], b=FULL_PARAMS["b"], c=FULL_PARAMS["c"]):
-    r"""The ε of k vectors in d dimensions by the full form, $\varepsilon = \sqrt{C \ln(k^a/d)^b / d^c}$.
+    r"""The ε of k vectors in d dimensions by the full form, $\varepsilon = \sqrt{C \left(\ln(k^a/d)\right)^b / d^c}$.
 
     The inverse of ``full_capacity``; 0 where $k^a \le d$.
 

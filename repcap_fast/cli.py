@@ -336,15 +336,17 @@ class _PrintHandler(logging.Handler):
 def _printed_log():
     """While a command runs, the library's INFO lines (the report's stages) print as they did."""
     logger = logging.getLogger("repcap_fast")
-    handler, level = _PrintHandler(logging.INFO), logger.level
+    handler, level, propagate = _PrintHandler(logging.INFO), logger.level, logger.propagate
     logger.addHandler(handler)
-    if logger.getEffectiveLevel() > logging.INFO:
+    logger.propagate = False  # printed once, even where the root logger has a handler of its own
+    if level == logging.NOTSET:  # a level set by the caller (main() run in-process) is kept
         logger.setLevel(logging.INFO)
     try:
         yield
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _run(args) -> int:

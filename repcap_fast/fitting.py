@@ -185,7 +185,7 @@ def fit(cells, form: str = "full", *, eps_key: str = "eps_star", p0=None) -> Fit
 
     * "jl": ε = sqrt(C ln k / d)
     * "adjusted": ε = sqrt(C ln(k/d) / d)
-    * "full": $\varepsilon = \sqrt{C \ln(k^a/d)^b / d^c}$ (fits C, a, b, c)
+    * "full": $\varepsilon = \sqrt{C \left(\ln(k^a/d)\right)^b / d^c}$ (fits C, a, b, c)
 
     The adjusted and full forms need k > d: other cells are excluded and listed in the result
     (never silently), as are cells without a value for `eps_key`. A constant that ends at a bound

@@ -217,7 +217,11 @@ def plot_probe(probe: Dict, profile: Dict, path: str, title: str) -> None:
 
 
 def _missing_note(layers, values, key: str) -> str:
-    """Which layers a panel leaves out, and why (a value that is missing, NaN or infinite)."""
+    """Which layers a panel leaves out, and why (a value that is missing, NaN or infinite).
+
+    A condition number is finite or ∞ (never NaN), and report.json stores ∞ as null: both read as
+    rank-deficient.
+    """
     why = {"condition_number": "∞, rank-deficient", "alpha_req": "undefined"}
     gone = [layer for layer, v in zip(layers, values) if v is None or not np.isfinite(v)]
     if not gone:
@@ -233,6 +237,8 @@ def plot_spectral(rows: List[Dict], path: str, title: str) -> None:
     `report.spectral_profile`), on two rows of panels; a panel that leaves a layer out (a value
     that is missing, NaN or infinite) says which and why.
     """
+    from matplotlib.ticker import MaxNLocator
+
     layers = [r["layer"] for r in rows]
     with _figure(path, 2, 3, figsize=(10.5, 6.6), dpi=100) as (fig, axes):
         flat = list(axes.flat)
@@ -245,7 +251,7 @@ def plot_spectral(rows: List[Dict], path: str, title: str) -> None:
             note = _missing_note(layers, values, key)
             ax.set_title(f"{label}\n{note}" if note else label, fontsize=10)
             ax.set_xlabel("layer")
-            ax.set_xticks(layers)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if key == "condition_number" and any(v > 0 for v in shown if np.isfinite(v)):
                 ax.set_yscale("log")
         ax = flat[4]
@@ -255,7 +261,7 @@ def plot_spectral(rows: List[Dict], path: str, title: str) -> None:
         ax.set_ylim(0, 1.02)
         ax.set_title("PC mass in the readout subspace", fontsize=10)
         ax.set_xlabel("layer")
-        ax.set_xticks(layers)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=8)
         flat[5].set_axis_off()
         fig.suptitle(title)

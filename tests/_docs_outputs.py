@@ -32,7 +32,7 @@ import re
 OUTPUT_FENCE = '```text title="Output"'
 PYTHON_FENCE = re.compile(r"^```python\n(.*?)^```[ \t]*\n", re.S | re.M)
 OUTPUT_BLOCK = re.compile(r"(\n*)" + re.escape(OUTPUT_FENCE) + r"\n(.*?)^```[ \t]*$", re.S | re.M)
-NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:[eE][-+]?\d+)?")
+NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 ELLIPSIS = "..."
 
 
@@ -65,6 +65,9 @@ def _pattern(expected: str) -> tuple[re.Pattern, list[str]]:
             parts.append(r"\s+")
         pos = m.end()
     parts.append(re.escape(expected[pos:]))
+    for i, part in enumerate(parts):  # whitespace next to `...` may be absent ("x ..." matches "x")
+        if part == r"\s+" and ".*?" in (parts[i - 1] if i else None, parts[i + 1] if i + 1 < len(parts) else None):
+            parts[i] = r"\s*"
     return re.compile("".join(parts), re.S), numbers
 
 
@@ -88,6 +91,8 @@ def mismatch(expected: str, actual: str) -> str | None:
     if not m:
         return f"the printed text differs from the output block:\n--- expected\n{exp}\n--- printed\n{act}"
     for i, (want, got) in enumerate(zip(numbers, m.groups()), 1):
+        if tolerance(want) == 0 and got.replace(",", "") != want.replace(",", ""):  # integers: as written
+            return f"number {i} of the output: printed {got}, the output block says {want}:\n--- printed\n{act}"
         if abs(_value(got) - _value(want)) > tolerance(want):
             return (f"number {i} of the output: printed {got}, the output block says {want} "
                     f"(tolerance {tolerance(want)}):\n--- printed\n{act}")

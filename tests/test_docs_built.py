@@ -157,7 +157,8 @@ def test_code_lines_fit_the_code_column():
 
 # ---------------------------------------------------------------- in a browser
 
-BROWSER_PAGES = ["", "concepts/", "guides/pga/", "api/repcap_fast/", "benchmarks/", "benchmarks/cpu/"]
+BROWSER_PAGES = ["", "concepts/", "guides/pga/", "api/repcap_fast/", "api/repcap_fast-penalty/", "api/capacity/",
+                 "api/packing/", "api/pga/", "benchmarks/", "benchmarks/cpu/"]
 
 
 def _chromium() -> str | None:

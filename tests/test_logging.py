@@ -52,11 +52,12 @@ def test_a_log_callable_still_receives_the_lines(matrix, tmp_path, capfd):
 
 def test_the_command_line_prints_the_stage_lines_and_cleans_up(matrix, tmp_path, capsys):
     logger = logging.getLogger("repcap_fast")
-    handlers, level = list(logger.handlers), logger.level
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
     assert main(["report", matrix, "--out", str(tmp_path / "out"), "--bins", "64", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "== loading" in out and "== wrote" in out
-    assert logger.handlers == handlers and logger.level == level
+    assert out.count("== wrote") == 1
+    assert logger.handlers == handlers and logger.level == level and logger.propagate == propagate
 
 
 def test_importing_the_package_configures_no_logging():
