@@ -97,7 +97,7 @@ setup(
         "Changelog": "https://github.com/repcap-fast/repcap_fast/blob/main/CHANGELOG.md",
     },
     python_requires=">=3.9",
-    packages=["repcap_fast", "repcap_fast.models", "repcap_fast.ops", "repcap_fast.report",
+    packages=["repcap_fast", "repcap_fast.models", "repcap_fast.ops", "repcap_fast.packing", "repcap_fast.report",
               "repcap_fast.triton_kernels"],
     package_dir={"repcap_fast": "repcap_fast", "repcap_fast.triton_kernels": "triton_kernels"},
     package_data={"repcap_fast": ["data/*.txt.gz", "data/*.json", "data/README.md"]},

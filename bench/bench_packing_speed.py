@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from repcap_fast import packing  # noqa: E402
-from repcap_fast.packing_methods import METHODS  # noqa: E402
+from repcap_fast.packing import METHODS  # noqa: E402
 
 from _harness import SMOKE, format_table, write_results  # noqa: E402
 

@@ -9,7 +9,7 @@ passes the issue's criterion when every seed's |Δε*|/ε* is within that spread
 
 Two controls at precision "highest", from the same seeded starts:
 - "highest, start +-1 ulp": every start coordinate moved by one float32 ulp (random sign, seeded;
-  `packing._initial_vectors` is wrapped here for those runs only, and their sweep files are named
+  `packing.optimizer._initial_vectors` is wrapped here for those runs only, and their sweep files are named
   for it): how far ε* moves under one perturbation at the level of float32 rounding;
 - "float64 steps": the steps' loss and gradient computed in float64 (backend "torch", the
   reference) and rounded to float32: a perturbation at the level of float32 rounding in every
@@ -57,7 +57,7 @@ LIMIT = 0.005  # |Δε*|/ε* must stay below 0.5 %
 def ulp_perturbed_starts():
     """Inside: packing's seeded starts with every float32 coordinate moved by one ulp (random
     sign, seeded by the start's own seed)."""
-    original = packing._initial_vectors
+    original = packing.optimizer._initial_vectors
 
     def perturbed(k, d, seed):
         x = original(k, d, seed).to(torch.float32)
@@ -65,11 +65,11 @@ def ulp_perturbed_starts():
         toward = torch.where(sign > 0, torch.full_like(x, float("inf")), torch.full_like(x, -float("inf")))
         return torch.nextafter(x, toward).to(torch.float64)
 
-    packing._initial_vectors = perturbed
+    packing.optimizer._initial_vectors = perturbed
     try:
         yield
     finally:
-        packing._initial_vectors = original
+        packing.optimizer._initial_vectors = original
 
 
 def run_sweeps(steps: int, work: str):

@@ -18,6 +18,7 @@ from . import (
     report,
 )
 from ._backends import info
+from ._deprecated import moved_modules as _moved_modules
 from ._deprecated import moved_names
 from ._version import __version__
 from .models import hidden_states, load_embeddings
@@ -35,6 +36,19 @@ from .ops.subspace_pga import PGAResult, subspace_pga
 # Library code never prints: it logs on the "repcap_fast" logger (and its children) and warns.
 # Without a handler configured by the application, INFO lines go nowhere; `repcap` prints them.
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())
+
+# The packing modules moved into repcap_fast/packing/ (2026-12-07): their old paths still import,
+# with a DeprecationWarning, so code and pickles that name them keep working for one more release.
+_moved_modules({
+    "repcap_fast.packing_methods": "repcap_fast.packing.methods",
+    "repcap_fast.packing_result": "repcap_fast.packing.result",
+    "repcap_fast.packing_memory": "repcap_fast.packing.memory",
+    "repcap_fast.packing_projection": "repcap_fast.packing.projection",
+    "repcap_fast.packing_search": "repcap_fast.packing.search",
+    "repcap_fast.packing_polish": "repcap_fast.packing.polish",
+    "repcap_fast.packing_sweep": "repcap_fast.packing.sweeps",
+    "repcap_fast.sweep_file": "repcap_fast.packing.sweep_file",
+})
 
 # Renamed: gram_offdiag_rows -> gram_offdiag_row_stats (deprecated, removed in the next release).
 __getattr__ = moved_names(__name__, {"gram_offdiag_rows": ("repcap_fast", "gram_offdiag_row_stats")})

@@ -2,6 +2,9 @@
 module ``__getattr__``) with a DeprecationWarning that names the new home."""
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
 import warnings
 from typing import Callable, Dict, Tuple
 
@@ -20,3 +23,30 @@ def moved_names(module: str, moved: Dict[str, Tuple[str, str]]) -> Callable[[str
         return getattr(importlib.import_module(target_module), target_name)
 
     return __getattr__
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports an old module path as the module that now holds its code (``repcap_fast.packing_result``
+    is ``repcap_fast.packing.result``), with a DeprecationWarning; pickles that name the old path load."""
+
+    def __init__(self, moved: Dict[str, str]):
+        self.moved = moved
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.moved:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec):
+        warnings.warn(f"the module {spec.name} is deprecated; use {self.moved[spec.name]}", DeprecationWarning,
+                      stacklevel=2)
+        return importlib.import_module(self.moved[spec.name])
+
+    def exec_module(self, module):
+        pass  # already executed under its new name
+
+
+def moved_modules(moved: Dict[str, str]) -> None:
+    """Lets each old module path in `moved` (old → new) be imported, for one more release."""
+    if not any(isinstance(f, _MovedModules) and f.moved == moved for f in sys.meta_path):
+        sys.meta_path.append(_MovedModules(moved))

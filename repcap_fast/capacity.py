@@ -1,6 +1,6 @@
 """Capacity formulas of Guha (2026), vectorized over arrays of d and ε, in float64/log space.
 
-The fit of their constants to packings is repcap_fast.fitting; sweep files, sweep_file.
+The fit of their constants to packings is repcap_fast.fitting; sweep files, repcap_fast.packing.sweep_file.
 
 * JL:        k ≤ exp(d ε²/C), C = 8 (proven) or 3.029 (fitted to random vectors).
 * Adjusted:  k ≤ d·exp(d ε²/C), C = 1.293.

@@ -30,8 +30,8 @@ from .models import load_embeddings, resolve_source
 from .models.casting import cast
 from .ops.pairwise_cosine_stats import check_settings as check_stats_settings
 from .ops.pairwise_cosine_stats import cosine_moments, pairwise_cosine_stats
+from .packing.sweep_file import MAX_GRID_VALUES
 from .report import ReportSettings, run_pga_survey, run_report, run_survey
-from .sweep_file import MAX_GRID_VALUES
 
 
 def _cmd_info(args) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _validation as val
 from . import plotting
-from .sweep_file import load_cells
+from .packing.sweep_file import load_cells
 
 __all__ = ["AT_BOUND_RTOL", "FIT_FORMS", "MAX_EVALUATIONS", "FitAtBoundWarning", "FitResult", "fit"]
 

@@ -39,7 +39,14 @@ from repcap_fast.models import embeddings as embeddings_module
 from repcap_fast.models import load_embeddings, readers
 from repcap_fast.models.readers import open_reader
 from repcap_fast.models.sources import resolve_source
-from repcap_fast.sweep_file import CELL_FIELDS, _certificate, is_sweep_file, load_cells, merge_cells, write_cells
+from repcap_fast.packing.sweep_file import (
+    CELL_FIELDS,
+    _certificate,
+    is_sweep_file,
+    load_cells,
+    merge_cells,
+    write_cells,
+)
 
 from _helpers import examples
 

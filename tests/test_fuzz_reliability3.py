@@ -13,8 +13,8 @@ import torch
 import repcap_fast as rf
 from repcap_fast import packing
 from repcap_fast._backends import build_info
+from repcap_fast.packing.sweep_file import read_cells, write_cells
 from repcap_fast.reference import gram_offdiag_penalty_reference
-from repcap_fast.sweep_file import read_cells, write_cells
 
 from _helpers import examples, raised
 

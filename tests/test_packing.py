@@ -149,7 +149,7 @@ def test_reduced_precision_steps_with_exact_losses_and_eps(precision):
     assert (highest.precision, low.precision) == ("highest", precision) and low.to_dict()["precision"] == precision
     assert low.loss_init == highest.loss_init and low.loss_history[0] == low.loss_init
     assert low.loss_history[1:] != highest.loss_history[1:]
-    X = packing._initial_vectors(k, d, seed).float().requires_grad_(True)
+    X = packing.optimizer._initial_vectors(k, d, seed).float().requires_grad_(True)
     opt = torch.optim.Adam([X], lr=low.lr)
     for step in range(steps):
         opt.zero_grad()

@@ -10,8 +10,8 @@ import torch
 
 import repcap_fast as rf
 from repcap_fast import packing
-from repcap_fast import packing_methods as pm
 from repcap_fast.cli import main as cli
+from repcap_fast.packing import methods as pm
 from repcap_fast.reference import gram_offdiag_penalty_reference
 
 
@@ -54,7 +54,7 @@ def test_the_paper_s_method_is_adam_on_the_raw_parameters_unchanged():
     parameters, loss Σ|ĝ|^p of the row-normalized parameters (float64 autograd reference)."""
     k, d, steps = 30, 4, 25
     res = packing.optimize(k, d, steps=steps, seed=5, dtype=torch.float64, backend="torch")
-    X = packing._initial_vectors(k, d, 5).clone().requires_grad_(True)
+    X = packing.optimizer._initial_vectors(k, d, 5).clone().requires_grad_(True)
     opt = torch.optim.Adam([X], lr=packing.default_lr(d))
     losses = []
     for _ in range(steps):

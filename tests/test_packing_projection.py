@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from repcap_fast import capacity, packing, packing_projection
+from repcap_fast import capacity, packing
 from repcap_fast.cli import main as cli
+from repcap_fast.packing import projection as packing_projection
 
 # (k, d) of real equiangular tight frames the method reaches from a single start: the cube's and
 # the icosahedron's diagonals, 10 in R^5, 14 in R^7, 16 in R^6, 28 in R^7, and two simplices.

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from repcap_fast import capacity, packing, packing_search
+from repcap_fast import capacity, packing
 from repcap_fast.cli import main as cli
+from repcap_fast.packing import search as packing_search
 
 # real equiangular tight frames of the list, the fast ones on every seed here (the larger ones,
 # (26, 13) to (36, 15), on one seed below and in bench/packing_known_optima.py)

@@ -188,7 +188,7 @@ def test_divergence_is_reported_as_the_optimizer_s(monkeypatch):
         return real(X, *a, **k)
 
     poisoned.calls = 0
-    monkeypatch.setattr(packing, "gram_offdiag_penalty", poisoned)
+    monkeypatch.setattr(packing.optimizer, "gram_offdiag_penalty", poisoned)
     with pytest.raises(RuntimeError, match="packing diverged at step 1"):
         packing.optimize(10, 3, steps=3, progress=False)
 
@@ -358,7 +358,7 @@ def test_resume_refuses_a_cell_with_two_values_across_files(tmp_path):
     out = tmp_path / "s.json"
     cells = packing.sweep([6], [3], out, steps=2, progress=False)
     other = dict(cells[0], eps_star=cells[0]["eps_star"] - 0.1, eps_minus_bound=cells[0]["eps_minus_bound"] - 0.1)
-    from repcap_fast.sweep_file import part_file, write_cells
+    from repcap_fast.packing.sweep_file import part_file, write_cells
 
     write_cells(part_file(str(out), 1), [other])
     with pytest.raises(ValueError, match=r"the cell \(k=6, d=3\) is in .* and in .*part1 with different values"):
@@ -368,7 +368,7 @@ def test_resume_refuses_a_cell_with_two_values_across_files(tmp_path):
 def test_merging_part_files_also_removes_a_killed_writer_s_temporary_file(tmp_path):
     """CI failure on 2026-12-02: spawn SIGTERMed rank 0 in the middle of writing its part file;
     the resume merged and removed the part files but left `out.part0.tmp-PID` behind."""
-    from repcap_fast.sweep_file import part_file, write_cells
+    from repcap_fast.packing.sweep_file import part_file, write_cells
 
     out = tmp_path / "s.json"
     cells = packing.sweep([6, 8], [3], out, steps=2, progress=False)

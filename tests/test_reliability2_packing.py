@@ -24,7 +24,7 @@ from repcap_fast import capacity as cap
 from repcap_fast import fitting, packing
 from repcap_fast.cli import main
 from repcap_fast.ops.gram_offdiag_penalty import gram_offdiag_penalty, gram_offdiag_penalty_block
-from repcap_fast.sweep_file import read_cells, write_cells
+from repcap_fast.packing.sweep_file import read_cells, write_cells
 
 # ---------------------------------------------------------------- scalar kinds of every dtype
 
@@ -436,7 +436,7 @@ def test_a_sweep_across_ranks_on_a_file_in_use_is_refused_on_every_rank(tmp_path
     """Only rank 0 (the writer of `out`) takes the lock; when it cannot, every rank raises (no hang)."""
     import torch.multiprocessing as mp
 
-    from repcap_fast.sweep_file import sweep_lock
+    from repcap_fast.packing.sweep_file import sweep_lock
 
     out = str(tmp_path / "s.json")
     for attempt, held in enumerate((True, False)):
@@ -458,7 +458,7 @@ def test_a_sweep_across_ranks_on_a_file_in_use_is_refused_on_every_rank(tmp_path
 def test_the_lock_is_the_files_whatever_path_names_it(tmp_path):
     """Review finding: the lock was keyed on the path as written, so a sweep through a symlinked
     folder took another lock and both wrote the file."""
-    from repcap_fast.sweep_file import sweep_lock
+    from repcap_fast.packing.sweep_file import sweep_lock
 
     (tmp_path / "real").mkdir()
     real = tmp_path / "real" / "cells.json"
@@ -474,7 +474,7 @@ def test_the_lock_is_the_files_whatever_path_names_it(tmp_path):
 def test_a_resume_checks_the_memory_of_the_cells_left_only(tmp_path, monkeypatch):
     """Review finding: the memory check ran on every cell of the grid, so a sweep whose large cells
     were done on a bigger machine could not be resumed on a smaller one."""
-    from repcap_fast import packing_memory
+    from repcap_fast.packing import memory as packing_memory
 
     out = str(tmp_path / "cells.json")
     done = packing.sweep([6, 8], [3], out, steps=1, progress=False)

@@ -20,7 +20,7 @@ import torch
 import repcap_fast as rf
 from repcap_fast import packing
 from repcap_fast.cli import main
-from repcap_fast.sweep_file import read_cells, write_cells
+from repcap_fast.packing.sweep_file import read_cells, write_cells
 
 
 def _sweep(out, ks=(6, 8), ds=(3,)):
@@ -117,7 +117,7 @@ def test_a_sweep_through_a_symlinked_output_writes_the_target_and_keeps_the_link
     assert os.path.islink(link) and target.is_file()
     _sweep(target, ks=(6, 8))  # the same file by its other name: the first cell is resumed
     assert [c["k"] for c in read_cells(str(link))] == [6, 8]
-    from repcap_fast.sweep_file import sweep_lock
+    from repcap_fast.packing.sweep_file import sweep_lock
 
     with sweep_lock(str(target)):
         with pytest.raises(ValueError, match="another sweep"):

@@ -1,60 +1,37 @@
-"""Packing simulation (Guha 2026, §1.3): how closely can k unit vectors in R^d avoid each other?
+"""``optimize``: one packing run (Guha 2026, §1.3) from k random unit vectors.
 
-``optimize`` starts from k random unit vectors and minimizes L = Σ_{i≠j}|ĝ_ij|^p with Adam,
-through the streaming penalty kernel (``gram_offdiag_penalty``, never k×k). ``sweep`` runs a
-(k, d) grid and writes every finished cell at once, so an interrupted sweep resumes where it
-stopped. ``fitting.fit`` then fits the constants of the capacity formulas to ε*; sweep files are
-repcap_fast.sweep_file. ``PackingResult``, ``default_lr`` and ``default_p`` live in
-repcap_fast.packing_result, the sweep's cell loop in repcap_fast.packing_sweep and the polishes
-after a method in repcap_fast.packing_polish; the first three are served from here.
-
-Vectors are the rows of a k×d matrix here; the paper's code stores them as the columns of d×k.
+The paper's method minimizes L = Σ_{i≠j}|ĝ_ij|^p with Adam through the streaming penalty kernel
+(``gram_offdiag_penalty``, never k×k); the other methods are in ``methods``, the polishes after
+them in ``polish``. Vectors are the rows of a k×d matrix here; the paper's code stores them as
+the columns of d×k.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional
+from typing import List, Optional
 
 import torch
 
-from . import _validation as val
-from . import capacity, distributed
-from . import packing_methods as methods
-from ._backends import PENALTY_PRECISIONS, check_precision, resolve_backend
-from ._progress import progress_bar
-from .ops.gram_offdiag_penalty import (
+from .. import _validation as val
+from .. import capacity, distributed
+from .._backends import PENALTY_PRECISIONS, check_precision, resolve_backend
+from .._progress import progress_bar
+from ..ops.gram_offdiag_penalty import (
     check_penalty_p,
     gram_offdiag_max,
     gram_offdiag_penalty,
     gram_offdiag_penalty_block,
 )
-from .ops.pairwise_cosine_stats import pairwise_cosine_stats
-from .packing_memory import check_memory
-from .packing_methods import METHODS, NO_P, MethodSettings, PackingDiverged  # noqa: F401  method= names; optimize raises
-from .packing_polish import polishes
-from .packing_result import PackingResult, default_lr, default_p
-from .packing_sweep import run_sweep
-from .sweep_file import (  # noqa: F401  the sweep file's names, also served from here (packing.SWEEP_FORMAT, ...)
-    CELL_FIELDS,
-    SETTING_KEYS,
-    SWEEP_FORMAT,
-    grid_order,
-    grid_values,
-    is_sweep_file,
-    load_cells,
-    merge_cells,
-    part_file,
-    part_files,
-    read_cells,
-    remove_part_files,
-    sweep_lock,
-    write_cells,
-)
+from ..ops.pairwise_cosine_stats import pairwise_cosine_stats
+from . import methods
+from .memory import check_memory
+from .methods import MethodSettings, PackingDiverged
+from .polish import polishes
+from .result import PackingResult, default_lr, default_p
 
 _PROGRESS_FLOPS = 2e11  # show a progress bar above about this much work (a few CPU seconds)
 
@@ -103,7 +80,7 @@ def optimize(
     $\hat g_{ij} = \hat x_i \cdot \hat x_j$ the cosines of the row-normalized X, through the
     streaming penalty kernel (``gram_offdiag_penalty``, never k×k); the raw parameters are never
     projected back. The other methods of ``METHODS`` ("p-continuation", "smooth-max", "riemannian",
-    "minimax", "alternating-projection", "equiangular-search"; see ``repcap_fast.packing_methods``)
+    "minimax", "alternating-projection", "equiangular-search"; see ``repcap_fast.packing.methods``)
     drive ε* lower. k ≤ d is allowed: the optimum is then exact orthogonality (ε* → 0). ε* is read
     after all `steps` updates (the paper's script reads it in the forward pass of its last step,
     after steps − 1).
@@ -114,7 +91,7 @@ def optimize(
         steps: optimizer steps, ≥ 1 (for "equiangular-search" sign matrices evaluated, at most:
             it stops at the first frame). Defaults to 5000.
         p: for "paper" the fixed exponent (default ``default_p(k, d)``); for the other methods the
-            last p of the continuation (default ``packing_methods.DEFAULT_P_END``, 1024). At most
+            last p of the continuation (default ``packing.methods.DEFAULT_P_END``, 1024). At most
             the kernels' limit on a kernel backend.
         lr: the learning rate, > 0. For "paper" default ``default_lr(d)``; for the other methods
             the first of a schedule that decays geometrically to 1% of it (default
@@ -146,9 +123,9 @@ def optimize(
             seed + restarts − 1, one after the other (each already uses every core, or the GPU),
             keeping the one of least ε*; the result records every start's ε* and the best seed.
         projection_steps: alternating-projection polish steps after the optimizer and before the
-            active-set polish, ≥ 0 (default 0): ``packing_projection.alternating_projection`` from
+            active-set polish, ≥ 0 (default 0): ``packing.projection.alternating_projection`` from
             the optimizer's packing, μ annealed from its ε* down to the certificate; it keeps the
-            best packing seen, so it never raises ε*. k ≤ ``packing_projection.MAX_K``; not for
+            best packing seen, so it never raises ε*. k ≤ ``packing.projection.MAX_K``; not for
             method="alternating-projection" itself.
 
     Returns:
@@ -165,8 +142,8 @@ def optimize(
             "paper" or above p, lr ≤ 0, restarts < 1 (or seed + restarts − 1 past 2^63 − 1), a
             precision other than "highest" for "smooth-max", a
             method other than "paper" (or a polish) across ranks, projection_steps < 0, given with
-            method="alternating-projection" or with k > ``packing_projection.MAX_K``, method="equiangular-search"
-            where no real equiangular tight frame can exist or k > ``packing_search.MAX_K``, or a k×d run
+            method="alternating-projection" or with k > ``packing.projection.MAX_K``, method="equiangular-search"
+            where no real equiangular tight frame can exist or k > ``packing.search.MAX_K``, or a k×d run
             that does not fit in the memory of the host or the device.
         PackingDiverged: the vectors became NaN/Inf or collapsed to zero (an lr too large for the
             dtype); a RuntimeError.
@@ -237,7 +214,7 @@ def _best_of_starts(restarts: int, args: dict) -> PackingResult:
 
 
 def _optimize_with_method(run: _Run, progress) -> PackingResult:
-    """A continuation method (packing_methods.run_optimizer), then its polish."""
+    """A continuation method (methods.run_optimizer), then its polish."""
     compute = val.compute_dtype(run.dtype)
     X = _initial_vectors(run.k, run.d, run.seed).to(device=run.device, dtype=compute)
     eps_init, _, _ = _eps_stats(X.to(run.dtype), run.backend)
@@ -433,146 +410,3 @@ def _optimize_across_ranks(run: _Run, progress, group) -> PackingResult:
             losses[step] = float(total.to(val.compute_dtype(run.dtype)))
             bar.update(1)
     return _packing_result(run, eps_init, gather_rows(), losses.tolist(), start)
-
-
-# ----------------------------------------------------------------------------------- sweep
-
-def sweep(
-    ks: Iterable[int],
-    ds: Iterable[int],
-    out: str,
-    *,
-    steps: int = 5000,
-    p: Optional[int] = None,
-    lr: Optional[float] = None,
-    seed: int = 0,
-    device="cpu",
-    dtype=torch.float32,
-    backend: str = "auto",
-    resume: bool = True,
-    progress: bool = True,
-    on_cell: Optional[Callable[[dict], None]] = None,
-    group=None,
-    method: str = "paper",
-    p_start: Optional[int] = None,
-    polish_steps: Optional[int] = None,
-    precision: str = "highest",
-    restarts: int = 1,
-    projection_steps: int = 0,
-) -> List[dict]:
-    """Runs ``optimize`` on every cell (k, d) of a grid and writes each finished cell to `out` at once.
-
-    The cells run d outer, k inner; `out` (JSON, or CSV when it ends in .csv in any case) is
-    rewritten atomically after each, so a killed sweep loses at most the cell in flight and a
-    resume runs only the cells not on disk. A CSV file opens with a tag line and ends with a line
-    counting its cells (`# end: N cells`), so a file cut anywhere is refused when read; a symlink
-    at `out` is written through. Every cell records its method and the method's settings
-    (``method``, ``p_start``, ``p``, ``polish_steps``), ``projection_steps``, steps, seed, dtype,
-    precision and lr, and ε*, the statistics and the losses of its ``PackingResult``
-    (``repcap_fast.sweep_file.CELL_FIELDS``).
-    One file holds one method and its settings. One sweep at a time writes `out`: it holds an
-    exclusive lock (``out.lock``, removed at the end, released if the process dies).
-
-    Args:
-        ks: the numbers of vectors, ints ≥ 2; repeats run once.
-        ds: the dimensions, ints ≥ 1; repeats run once.
-        out: the sweep file; its folder is created.
-        steps: optimizer steps per cell. Defaults to 5000.
-        p: the exponent, as in ``optimize`` (None: its default for each cell).
-        lr: the learning rate, as in ``optimize`` (None: its default for each cell).
-        seed: the seed of every cell's random start. Defaults to 0.
-        device (str | torch.device): where the cells run. Defaults to "cpu".
-        dtype (torch.dtype | str): the vectors' dtype, as in ``optimize``. Defaults to float32.
-        backend: the penalty kernel, as in ``optimize``. Defaults to "auto".
-        resume: keep and skip the cells already in `out` (and in the part files of a sweep across
-            ranks) made with the same settings, where settings left as None mean their defaults
-            for each cell. False starts the file anew (a file that is not a sweep file is never
-            overwritten). Defaults to True.
-        progress: show the cells done and an ETA. Defaults to True.
-        on_cell: called with each cell's record after it is written. Defaults to None.
-        group (torch.distributed.ProcessGroup): the process group to split the cells across
-            (default None: torchrun's default group when it has more than one rank, else this
-            process alone). The cells left to do are split by their cost
-            (k²·d·steps); each rank writes its finished cells at once to its part file
-            ``out.partR`` (R its rank), and at the end rank 0 merges the part files into `out`
-            and removes them. A resume, with any number of ranks, reads `out` and every part
-            file. Every rank returns the same records.
-        method: the optimizer, one of ``METHODS``. Defaults to "paper".
-        p_start: the first p of a continuation method, as in ``optimize``.
-        polish_steps: active-set polish steps, as in ``optimize``.
-        precision: the operands of the penalty steps, as in ``optimize`` (ε*, μ + 2σ and the
-            recorded losses are the exact kernel's at any precision). Defaults to "highest".
-        restarts: seeded starts per cell, as in ``optimize`` (each cell records ``restarts`` and
-            its ``best_seed``). Defaults to 1.
-        projection_steps: alternating-projection polish steps per cell, as in ``optimize``.
-            Defaults to 0.
-
-    Returns:
-        List[dict]: the records of the grid's cells, in grid order (d outer, k inner).
-
-    Raises:
-        ValueError: an argument as ``optimize`` refuses it (an ``ArgumentTypeError``, also a
-            TypeError, for a wrong type), ks or ds empty or with more than 100,000 values
-            (``sweep_file.MAX_GRID_VALUES``, counted before any list is built), `out` a folder, not writable, or an
-            existing file that is not a sweep file, a torn or corrupt sweep file on resume, a
-            cell of `out` made with other settings, another sweep writing `out`, or a cell left
-            to run that does not fit in memory.
-        PackingDiverged: a cell's vectors became NaN/Inf (see ``optimize``); the cells written
-            before it stay in `out`.
-        RuntimeError: `group` given while torch.distributed is not initialized; across ranks,
-            ``distributed.RankFailure`` on every rank when one fails.
-
-    Examples:
-        >>> import os, shutil, tempfile
-        >>> folder = tempfile.mkdtemp()
-        >>> out = os.path.join(folder, "sweep.json")
-        >>> cells = rf.packing.sweep([4, 6], [3], out, steps=20, progress=False)
-        >>> [(c["k"], c["d"], c["method"]) for c in cells]
-        [(4, 3, 'paper'), (6, 3, 'paper')]
-        >>> len(rf.packing.load_cells(out))  # a second call with these settings would run nothing
-        2
-        >>> shutil.rmtree(folder)
-    """
-    ks, ds = grid_values(ks, "ks", 2), grid_values(ds, "ds", 1)
-    if not ks or not ds:
-        raise ValueError("ks and ds must each name at least one value")
-    steps = val.check_int(steps, "steps", 1)
-    seed = val.check_seed(seed)
-    name = resolve_backend(backend, val.check_device(device), "gram_offdiag_penalty")  # before any file work
-    p = None if p is None else check_penalty_p(p, name)
-    lr = None if lr is None else val.check_positive_float(lr, "lr")
-    dtype = val.check_dtype(dtype)
-    check = methods.check_method(method, p, p_start, polish_steps, 1, lambda value: check_penalty_p(value, name))
-    precision = check_precision(precision, PENALTY_PRECISIONS)
-    restarts = _check_restarts(seed, restarts)
-    projection_steps = val.check_int(projection_steps, "projection_steps", 0)
-    want = {"method": method, "projection_steps": projection_steps, "steps": steps, "seed": seed,
-            "dtype": str(dtype).replace("torch.", ""), "precision": precision, "restarts": restarts, "p": p,
-            "p_start": p_start if p_start is None else check.p_start,
-            "polish_steps": polish_steps if polish_steps is None else check.polish_steps, "lr": lr}
-    if dtype == torch.float16 or (method == "smooth-max" and precision != "highest") or (
-            projection_steps and method == "alternating-projection"):
-        _check_run(ks[0], ds[0], steps, p, lr, seed, device, dtype, backend, precision, method, p_start,
-                   polish_steps, projection_steps)  # its error
-    out = val.check_output_file(out, "out")  # its folder created and writable before any work
-    group = distributed.resolve_group(group)
-    rank, world = (0, 1) if group is None else distributed.rank_and_world(group)
-    run = {"steps": steps, "p": p, "lr": lr, "seed": seed, "device": device, "dtype": dtype, "backend": backend,
-           "precision": precision, "method": method, "p_start": p_start, "polish_steps": polish_steps,
-           "restarts": restarts, "projection_steps": projection_steps}
-    with contextlib.ExitStack() as held:
-        # One sweep at a time writes `out` (two would each rewrite it from their own cells): its writer,
-        # the process or rank 0, holds its lock throughout; a second sweep is refused at once, on every rank.
-        def lock():
-            return held.enter_context(sweep_lock(out)) if rank == 0 else None
-
-        if group is None:
-            lock()
-        else:  # rank 0 takes it; all raise if it cannot
-            distributed.run_on_every_rank("sweep (lock)", lock, group)
-        # optimize and write_cells as this module holds them now (a test may have replaced them)
-        return run_sweep(ks, ds, out, want, run, resume, progress, on_cell, group, rank, world, optimize=optimize,
-                         write_cells=write_cells)
-
-
-__all__ = ["PENALTY_PRECISIONS", "PackingResult", "default_lr", "default_p", "load_cells", "optimize", "sweep"]

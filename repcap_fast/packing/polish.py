@@ -1,7 +1,7 @@
 """The polishes after a packing method (``packing.optimize(..., projection_steps=, polish_steps=)``).
 
-First the alternating-projection polish (``repcap_fast.packing_projection``), then the active-set
-polish (``packing_methods.polish``), each when asked for; each with its progress bar.
+First the alternating-projection polish (``repcap_fast.packing.projection``), then the active-set
+polish (``packing.methods.polish``), each when asked for; each with its progress bar.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from typing import List
 
 import torch
 
-from . import capacity
-from . import packing_methods as methods
-from ._progress import progress_bar
+from .. import capacity
+from .._progress import progress_bar
+from . import methods
+from .projection import alternating_projection, coherence
 
 
 def polishes(run, X: torch.Tensor, progress, auto_above: float):
@@ -33,8 +34,6 @@ def polishes(run, X: torch.Tensor, progress, auto_above: float):
 
 def _projection_polish(run, X: torch.Tensor, progress, auto_above: float, history: List[float]) -> torch.Tensor:
     """The alternating-projection polish (float64, on X's device) from the rows X, μ annealed from their ε*."""
-    from .packing_projection import alternating_projection, coherence
-
     with progress_bar(progress, total=run.projection_steps, desc=f"projection polish k={run.k} d={run.d}",
                       unit="step", work=float(run.k) ** 3 * run.projection_steps, auto_above=auto_above) as bar:
         def on_step(step, eps):
@@ -49,7 +48,7 @@ def _projection_polish(run, X: torch.Tensor, progress, auto_above: float, histor
 
 
 def _active_set_polish(run, X: torch.Tensor, progress, auto_above: float, history: List[float]) -> torch.Tensor:
-    """The active-set polish of packing_methods (float64, CPU), returned on X's device and dtype."""
+    """The active-set polish of packing.methods (float64, CPU), returned on X's device and dtype."""
     with progress_bar(progress, total=run.settings.polish_steps, desc=f"polish k={run.k} d={run.d}", unit="LP",
                       work=4.0 * run.k * run.k * run.d * run.settings.polish_steps, auto_above=auto_above) as bar:
         def on_step(step, eps):

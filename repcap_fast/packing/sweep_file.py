@@ -23,10 +23,10 @@ try:
 except ImportError:  # not on Windows: sweeps there take no lock
     fcntl = None
 
-from ._backends import PENALTY_PRECISIONS
-from ._validation import ArgumentTypeError, check_int
-from .capacity import coherence_bound
-from .packing_methods import METHODS
+from .._backends import PENALTY_PRECISIONS
+from .._validation import ArgumentTypeError, check_int
+from ..capacity import coherence_bound
+from .methods import METHODS
 
 SWEEP_FORMAT = "repcap_fast.packing.sweep/5"
 CELL_FIELDS = ("k", "d", "method", "steps", "p_start", "p", "polish_steps", "projection_steps", "lr", "seed",

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import List
 
-from . import _validation as val
+from .. import _validation as val
 
 
 def default_lr(d: int) -> float:

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from . import _validation as val
+from .. import _validation as val
 
 # Copies of the k×d vectors a run holds at once, in the compute dtype: the parameters, their
 # gradient, Adam's two moments, the normalized rows, the kernel's gradient and a spare.

@@ -24,11 +24,11 @@ Methods (``METHODS``):
 * ``"minimax"``: ``"riemannian"`` followed by ``polish_steps`` of the active-set polish below.
 * ``"alternating-projection"``: Tropp, Dhillon, Heath and Strohmer's alternating projection between
   the Gram matrices with |ĝ_ij| ≤ μ and the tight frames, μ annealed to the best lower bound
-  (``repcap_fast.packing_projection``): it reaches equiangular tight frames that the gradient
-  methods miss. No p, p_start or lr; k ≤ ``packing_projection.MAX_K``; float64, O(k³) per step.
+  (``repcap_fast.packing.projection``): it reaches equiangular tight frames that the gradient
+  methods miss. No p, p_start or lr; k ≤ ``packing.projection.MAX_K``; float64, O(k³) per step.
 * ``"equiangular-search"``: a combinatorial search for the Seidel sign matrix of a real equiangular
-  tight frame (``repcap_fast.packing_search``): where it succeeds, ε* is the Welch bound to rounding.
-  Only for the (k, d) where such a frame can exist, k ≤ ``packing_search.MAX_K``; a step evaluates
+  tight frame (``repcap_fast.packing.search``): where it succeeds, ε* is the Welch bound to rounding.
+  Only for the (k, d) where such a frame can exist, k ≤ ``packing.search.MAX_K``; a step evaluates
   one sign matrix (and flips a sign), and the search stops at the first frame. No p, p_start or lr.
 
 The active-set polish (any method, ``polish_steps`` > 0): sequential linear programming on the
@@ -51,8 +51,10 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 import torch
 
-from . import _validation as val
-from .ops.gram_offdiag_penalty import gram_offdiag_log_penalty, gram_offdiag_max
+from .. import _validation as val
+from ..coherence_bounds import coherence_bound
+from ..ops.gram_offdiag_penalty import gram_offdiag_log_penalty, gram_offdiag_max
+from . import projection, search
 
 METHODS = ("paper", "p-continuation", "smooth-max", "riemannian", "minimax", "alternating-projection",
            "equiangular-search")
@@ -151,17 +153,11 @@ def check_sizes(method: str, k: int, d: int, projection_steps: int = 0) -> None:
     other methods have none here.
     """
     if method == "alternating-projection":
-        from .packing_projection import check_size
-
-        check_size(k, d)
+        projection.check_size(k, d)
     elif method == "equiangular-search":
-        from .packing_search import check_size as check_search_size
-
-        check_search_size(k, d)
+        search.check_size(k, d)
     if projection_steps:
-        from .packing_projection import check_size
-
-        check_size(k, d, "projection_steps")
+        projection.check_size(k, d, "projection_steps")
 
 
 def default_lr(method: str, paper_lr: float) -> float:
@@ -285,15 +281,10 @@ def run_optimizer(settings: MethodSettings, X: torch.Tensor, steps: int, lr: flo
     """
     method = settings.method
     if method == "equiangular-search":
-        from .packing_search import equiangular_search
-
-        return equiangular_search(X, steps, seed, on_step)
+        return search.equiangular_search(X, steps, seed, on_step)
     if method == "alternating-projection":
-        from .capacity import coherence_bound
-        from .packing_projection import alternating_projection
-
         k, d = X.shape
-        return alternating_projection(X, steps, coherence_bound(k, d)[0], on_step)
+        return projection.alternating_projection(X, steps, coherence_bound(k, d)[0], on_step)
 
     def reported(value: float, rows: torch.Tensor, p: int, step: int) -> float:
         if precision == "highest" or step not in (0, steps - 1):
