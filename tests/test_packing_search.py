@@ -111,10 +111,10 @@ def test_settings_that_do_not_apply_and_sizes_beyond_its_limit_are_refused(capsy
         packing.optimize(6, 3, steps=5, method=method, lr=0.01)
     with pytest.raises(ValueError, match="precision='tf32' does not apply to method='equiangular-search'"):
         packing.optimize(6, 3, steps=5, method=method, precision="tf32")
-    with pytest.raises(ValueError, match="k must be at most 64, got k=76"):  # (76, 19) passes the conditions
-        packing.optimize(76, 19, steps=5, method=method)
-    assert cli(["pack", "--k", "76", "--d", "19", "--method", method, "--no-progress"]) == 2
-    assert "k must be at most 64" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="k must be at most 300, got k=306"):  # (306, 153) passes the conditions
+        packing.optimize(306, 153, steps=5, method=method)
+    assert cli(["pack", "--k", "306", "--d", "153", "--method", method, "--no-progress"]) == 2
+    assert "k must be at most 300" in capsys.readouterr().err
     assert cli(["pack", "--k", "10", "--d", "5", "--steps", "100", "--method", method, "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "method=equiangular-search steps=100 no p" in out and "eps* - bound 0.000000" in out
@@ -134,3 +134,53 @@ def test_a_sweep_refuses_a_cell_without_a_frame_before_any_cell_runs(tmp_path):
     cells = packing.sweep([10], [5], out, steps=200, method="equiangular-search", dtype=torch.float64,
                           progress=False)
     assert cells[0]["method"] == "equiangular-search" and abs(cells[0]["eps_minus_bound"]) < 1e-12
+
+
+@pytest.mark.parametrize("k,p", [(10, 1), (10, 3), (16, 3), (26, 13), (27, 13), (38, 37), (36, 5), (12, 11), (21, 7)])
+def test_the_change_of_f_of_every_flip_is_exact(k, p):
+    """_Orbits.deltas (O(m·k) a flip) against forming every flipped S² (the dense evaluation)."""
+    rng = np.random.default_rng(k * 100 + p)
+    orbits = packing_search._Orbits(*packing_search.symmetry_orbits(k, p))
+    x = torch.from_numpy(rng.choice([-1.0, 1.0], orbits.n))
+    S = orbits.signs(x)
+    assert torch.equal(S, S.T) and torch.all(S.diagonal() == 0) and torch.all(S.abs() + torch.eye(k) == 1)
+    a, b = int(rng.integers(-5, 6)), int(rng.integers(1, 30))
+    M = S @ S - a * S - b * torch.eye(k, dtype=torch.float64)
+    F = float((M * M).sum())
+    fast = F + orbits.deltas(S, M, x, a).numpy()
+    dense = []
+    for o in range(orbits.n):
+        T = orbits.flip(S, x, o)
+        Mo = T @ T - a * T - b * torch.eye(k, dtype=torch.float64)
+        dense.append(float((Mo * Mo).sum()))
+    assert fast.tolist() == dense
+
+
+def test_both_evaluations_walk_the_same_search(monkeypatch):
+    def walk(k, d, seed, steps):
+        seen = []
+        packing_search.equiangular_search(torch.randn(k, d, dtype=torch.float64, generator=torch.Generator()
+                                                      .manual_seed(seed)), steps, seed, lambda s, f: seen.append(f))
+        return seen
+
+    default = walk(16, 6, 0, 400), walk(26, 13, 1, 150)
+    monkeypatch.setattr(packing_search, "DENSE_WORK", 0)  # every ansatz by the change of F
+    assert (walk(16, 6, 0, 400), walk(26, 13, 1, 150)) == default
+    monkeypatch.setattr(packing_search, "DENSE_WORK", 1 << 62)  # every ansatz by its flipped S²
+    assert (walk(16, 6, 0, 400), walk(26, 13, 1, 150)) == default
+
+
+def test_a_wrong_change_of_f_is_caught(monkeypatch):
+    monkeypatch.setattr(packing_search, "DENSE_WORK", 0)
+    real = packing_search._Orbits.deltas
+    monkeypatch.setattr(packing_search._Orbits, "deltas", lambda self, *a: real(self, *a) + 4.0)
+    with pytest.raises(RuntimeError, match="the F predicted for a flip"):
+        packing_search.equiangular_search(torch.randn(16, 6, dtype=torch.float64), 50, 0, lambda s, f: None)
+
+
+def test_sizes_above_the_old_limit_of_64_run():
+    # k = 66 (the simplex in R^65 passes the conditions) was refused before the change of F
+    res = packing.optimize(66, 65, steps=30, method="equiangular-search", dtype=torch.float64, progress=False)
+    f = res.loss_history
+    assert len(f) == 30 and f[-1] < f[0]  # the tabu search descends on F from its random signs
+    assert res.eps_star <= res.eps_star_init
