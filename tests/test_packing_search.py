@@ -184,3 +184,11 @@ def test_sizes_above_the_old_limit_of_64_run():
     f = res.loss_history
     assert len(f) == 30 and f[-1] < f[0]  # the tabu search descends on F from its random signs
     assert res.eps_star <= res.eps_star_init
+
+
+def test_the_portfolio_order():
+    # up to 64 lines the order of the frames measured before (same searches); above, no fixed points first
+    assert packing_search.portfolio(36)[:5] == [1, 2, 3, 5, 7] and packing_search.portfolio(36)[-1] == 31
+    assert packing_search.portfolio(126)[:4] == [7, 3, 2, 1]  # 126 = 2·3²·7
+    assert packing_search.portfolio(128)[:3] == [2, 127, 1]  # and the Paley cycle (127 prime) next
+    assert sorted(packing_search.portfolio(126)) == sorted([1] + packing_search._primes(126))

@@ -116,7 +116,7 @@ def _primes(n: int) -> List[int]:
     return [p for p in range(2, n + 1) if all(p % q for q in range(2, math.isqrt(p) + 1))]
 
 
-PORTFOLIO_REORDER_ABOVE = 64  # above this k the ansätze without fixed points come first
+PORTFOLIO_REORDER_ABOVE = 64  # above this k the ansätze without fixed points come before the plain one
 
 
 def portfolio(k: int) -> List[int]:
@@ -124,16 +124,17 @@ def portfolio(k: int) -> List[int]:
 
     Up to PORTFOLIO_REORDER_ABOVE lines: 1 (no symmetry), then every prime p ≤ k in increasing
     order. Above it, where the plain search has too many signs, the cycle structures without fixed
-    points (p dividing k, largest first: the fewest orbits) come first, then those with one fixed
-    line (p = k − 1 prime: a Paley conference frame's cyclic group), then 1 and the other primes.
-    The large frames have such symmetries: the 126 lines in R^21 a group whose order 7 divides 126.
+    points come first (p dividing k, largest first: the fewest orbits; the 126 lines in R^21 have a
+    symmetry group whose order 7 divides 126), then the one with a single fixed line (p = k − 1
+    prime: the cyclic group of a Paley conference frame), then 1 and the other primes.
     """
     primes = _primes(k)
     if k <= PORTFOLIO_REORDER_ABOVE:
         return [1] + primes
     free = sorted((p for p in primes if k % p == 0), reverse=True)
-    one = [k - 1] if k - 1 in primes else []  # one fixed line
-    return free + one + [1] + [p for p in primes if p not in free and p not in one]
+    paley = [k - 1] if k - 1 in primes else []
+    first = free + paley
+    return first + [1] + [p for p in primes if p not in first]
 
 
 def symmetry_orbits(k: int, p: int) -> Tuple[np.ndarray, int]:
@@ -188,15 +189,17 @@ class _Orbits:
         self.pairs_i = np.full((n, m_max), k, dtype=np.int64)  # padded with k: a zero row and column
         self.pairs_j = np.full((n, m_max), k, dtype=np.int64)
         self.pairs_i[orbit, slot], self.pairs_j[orbit, slot] = ii, jj
-        lines = [sorted(set(ii[orbit == o]) | set(jj[orbit == o])) for o in range(n)]
+        starts = np.cumsum(sizes) - sizes
+        spans = [(ii[s0:s0 + m].tolist(), jj[s0:s0 + m].tolist()) for s0, m in zip(starts.tolist(), sizes.tolist())]
+        lines = [sorted(set(pi) | set(pj)) for pi, pj in spans]
         r_max = max(len(r) for r in lines)
         self.lines = np.full((n, r_max), k, dtype=np.int64)
         partners = [[[] for _ in range(r_max)] for _ in range(n)]
         b = np.zeros((n, r_max, r_max))
-        for o in range(n):
+        for o, (pi, pj) in enumerate(spans):
             where = {line: r for r, line in enumerate(lines[o])}
             self.lines[o, :len(lines[o])] = lines[o]
-            for i, j in zip(ii[orbit == o], jj[orbit == o]):
+            for i, j in zip(pi, pj):
                 partners[o][where[i]].append(j)
                 partners[o][where[j]].append(i)
                 b[o, where[i], where[j]] = b[o, where[j], where[i]] = 1.0
@@ -209,6 +212,9 @@ class _Orbits:
         self.b2 = torch.from_numpy(np.einsum("nrt,nts->nrs", b, b))  # B² on R × R (B is zero off R)
         self.chunk = max(1, (1 << 22) // max(1, r_max * p_max * (k + 1)))  # ~32 MiB of gathered rows
         self._basis = None  # the orbits' indicators, n×k×k, built for the dense evaluation only
+        self._eye = torch.eye(k, dtype=torch.float64)
+        self._pair_cache: dict = {}  # orbit → its pairs as index tensors, for the moves made
+        self.dense = n * k**3 <= DENSE_WORK  # small: every flipped S² at once (batched GEMMs)
 
     def signs(self, x: torch.Tensor) -> torch.Tensor:
         """S for the orbit signs x."""
@@ -220,14 +226,19 @@ class _Orbits:
     def flip(self, S: torch.Tensor, x: torch.Tensor, o: int) -> torch.Tensor:
         """S with the signs of orbit o flipped (a new tensor)."""
         S = S.clone()
-        keep = self.pairs_i[o] < self.k
-        i, j = torch.from_numpy(self.pairs_i[o][keep]), torch.from_numpy(self.pairs_j[o][keep])
+        i, j = self._pairs_of(o)
         S[i, j] = S[j, i] = -x[o]
         return S
 
+    def _pairs_of(self, o: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        if o not in self._pair_cache:
+            keep = self.pairs_i[o] < self.k
+            self._pair_cache[o] = (torch.from_numpy(self.pairs_i[o][keep]), torch.from_numpy(self.pairs_j[o][keep]))
+        return self._pair_cache[o]
+
     def flipped_f(self, S: torch.Tensor, M: torch.Tensor, F: float, x: torch.Tensor, a: int, b: int) -> np.ndarray:
         """F of S with each orbit flipped: exact integers in float64."""
-        if self.n * self.k**3 <= DENSE_WORK:  # small: every flipped S² at once (batched GEMMs)
+        if self.dense:
             if self._basis is None:
                 basis = torch.zeros(self.n, self.k + 1, self.k + 1, dtype=torch.float64)
                 rows = torch.arange(self.n)[:, None].expand(-1, self.pairs_i.shape[1])
@@ -235,8 +246,7 @@ class _Orbits:
                 basis[rows, i, j] = basis[rows, j, i] = 1.0
                 self._basis = basis[:, :self.k, :self.k].contiguous()
             flipped = S[None] - 2.0 * x[:, None, None] * self._basis
-            eye = torch.eye(self.k, dtype=torch.float64)
-            Mf = flipped @ flipped - a * flipped - b * eye
+            Mf = flipped @ flipped - a * flipped - b * self._eye
             return (Mf * Mf).sum((1, 2)).numpy()
         return (F + self.deltas(S, M, x, a)).numpy()
 
