@@ -40,7 +40,7 @@ so a move costs O(k³ + n·m·k) = O(k³) in all; where n·k³ is small (DENSE_W
 formed instead, the same integers. The F a move predicts is checked against the F formed from
 scratch at the next move. The search refuses k > MAX_K: at k = 300 a move of the plain ansatz
 (n = 44,850 single pairs) takes about 0.13 s and 32 MiB of gathered rows on this project's 2-core
-CPU (0.02 s at k = 126), and building its orbit table about 3 s, once.
+CPU (0.02 s at k = 126), and building its orbit table about 1 s, once.
 """
 
 from __future__ import annotations
