@@ -8,7 +8,7 @@ R^3, whose optimum 1/√5 (five of the icosahedron's six) lies above its Welch b
 and seed: the paper's method, "minimax", "minimax+projection" (minimax, then as many steps of the
 alternating-projection polish: ``projection_steps``) and "alternating-projection" (with --restarts
 starts per seed), and "equiangular-search" (the sign-matrix search, --search-steps moves at most; it
-refuses the cases where no real ETF can exist, or k > 64, and the file says so), ε* − optimum and the
+refuses the cases where no real ETF can exist, or k > 300, and the file says so), ε* − optimum and the
 wall time of each run; a case is reached by a method on a seed when
 ε* − optimum < 1e-4 (issue 36's target: every listed ETF on at least 2 of 3 seeds, under 2
 minutes each).
