@@ -31,6 +31,7 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def __init__(self, moved: Dict[str, str]):
         self.moved = moved
+        self.own_specs: Dict[str, importlib.machinery.ModuleSpec] = {}  # new name → its own spec
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in self.moved:
@@ -40,10 +41,14 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         warnings.warn(f"the module {spec.name} is deprecated; use {self.moved[spec.name]}", DeprecationWarning,
                       stacklevel=2)
-        return importlib.import_module(self.moved[spec.name])
+        module = importlib.import_module(self.moved[spec.name])
+        self.own_specs[module.__name__] = module.__spec__
+        return module
 
     def exec_module(self, module):
-        pass  # already executed under its new name
+        # already executed under its new name; the import system has just set its __spec__ to the old
+        # path's spec: give it back its own (importlib.reload and inspect read it)
+        module.__spec__ = self.own_specs[module.__name__]
 
 
 def moved_modules(moved: Dict[str, str]) -> None:

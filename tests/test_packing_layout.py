@@ -88,6 +88,7 @@ def test_the_old_module_paths_still_import(old, new):
     with pytest.warns(DeprecationWarning, match=f"repcap_fast.{old} is deprecated; use repcap_fast.packing.{new}"):
         module = importlib.import_module(f"repcap_fast.{old}")
     assert module is importlib.import_module(f"repcap_fast.packing.{new}")
+    assert module.__name__ == module.__spec__.name == f"repcap_fast.packing.{new}"  # its own spec, kept
 
 
 def test_a_pickle_that_names_the_old_module_loads():
