@@ -14,6 +14,7 @@ plots and tables are drawn from, and what the tests check.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -49,7 +50,10 @@ class Record:
 # ---------------------------------------------------------------- reading the files
 
 
+@functools.lru_cache(maxsize=None)
 def _load(path: pathlib.Path) -> dict:
+    """A result file's JSON, read once per build (the overview, the plots and the file pages all
+    read it; docs/hooks.py clears the cache before each build, so `mkdocs serve` sees new results)."""
     return json.loads(path.read_text(encoding="utf-8"))
 
 

@@ -204,6 +204,7 @@ class _NotAReference(logging.Filter):
 
 
 def on_pre_build(config):  # noqa: ARG001  (mkdocs hook signature; the strict counter exists by now)
+    bench_pages._load.cache_clear()  # a rebuild under `mkdocs serve` reads the results again
     # on the handlers (the strict-mode counter among them): the plugins log on loggers of their own
     for handler in logging.getLogger("mkdocs").handlers:
         handler.addFilter(_NotAReference())
