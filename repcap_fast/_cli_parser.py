@@ -156,7 +156,9 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
     def packing_options(p, grid: bool):
         p.add_argument("--method", choices=packing.METHODS, default="paper",
                        help="the optimizer (default: paper, the published one; minimax packs tightest)")
-        p.add_argument("--steps", type=int, default=5000, help="optimizer steps (default 5000, the paper's)")
+        p.add_argument("--steps", type=int, default=None if not grid else 5000,
+                       help="optimizer steps (default 5000, the paper's" + (")" if grid else
+                            "; equiangular-search: 100000 up to k = 64, then fewer as k³ grows)"))
         p.add_argument("--p", type=int, default=None, help="penalty exponent of the paper's method (default "
                        "min(int(m/ln d), 20)); the last p of the continuation methods (default 1024)")
         p.add_argument("--p-start", type=int, default=None, help="the first p of the continuation methods (default 4)")

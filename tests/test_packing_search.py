@@ -8,6 +8,7 @@ import torch
 
 from repcap_fast import capacity, packing
 from repcap_fast.cli import main as cli
+from repcap_fast.packing import ansatz
 from repcap_fast.packing import search as packing_search
 
 # real equiangular tight frames of the issue's list, the fast ones on every seed here (the larger ones,
@@ -45,29 +46,6 @@ def test_the_vectors_are_an_equiangular_tight_frame():
     off = g[~torch.eye(k, dtype=torch.bool)]
     torch.testing.assert_close(off, torch.full_like(off, 1 / 3), atol=1e-13, rtol=0)  # equiangular at Welch
     torch.testing.assert_close(x.T @ x, (k / d) * torch.eye(d, dtype=torch.float64), atol=1e-12, rtol=0)  # tight
-
-
-def test_the_ansatz_labels_are_the_orbits_of_the_pairs_under_the_permutation():
-    for k, p in [(36, 7), (30, 5), (10, 1), (12, 3), (9, 2)]:
-        labels, n = packing_search.symmetry_orbits(k, p)
-        assert (labels == labels.T).all() and (np.diag(labels) == -1).all()
-        assert sorted(set(labels[labels >= 0].tolist())) == list(range(n))
-        perm = np.arange(k)
-        for c in range(k // p):
-            perm[c * p:(c + 1) * p] = np.roll(np.arange(c * p, (c + 1) * p), -1)
-        # the orbits by brute force: the images of each pair under every power of the permutation
-        orbits = set()
-        for i in range(k):
-            for j in range(i + 1, k):
-                orbit, a, b = set(), i, j
-                for _ in range(p):
-                    orbit.add((min(a, b), max(a, b)))
-                    a, b = perm[a], perm[b]
-                orbits.add(frozenset(orbit))
-        assert len(orbits) == n
-        for orbit in orbits:
-            assert len({int(labels[i, j]) for i, j in orbit}) == 1, (k, p, sorted(orbit))
-    assert packing_search.symmetry_orbits(10, 1)[1] == 45
 
 
 def test_the_result_is_deterministic_and_records_the_method():
@@ -136,26 +114,6 @@ def test_a_sweep_refuses_a_cell_without_a_frame_before_any_cell_runs(tmp_path):
     assert cells[0]["method"] == "equiangular-search" and abs(cells[0]["eps_minus_bound"]) < 1e-12
 
 
-@pytest.mark.parametrize("k,p", [(10, 1), (10, 3), (16, 3), (26, 13), (27, 13), (38, 37), (36, 5), (12, 11), (21, 7)])
-def test_the_change_of_f_of_every_flip_is_exact(k, p):
-    """_Orbits.deltas (O(m·k) a flip) against forming every flipped S² (the dense evaluation)."""
-    rng = np.random.default_rng(k * 100 + p)
-    orbits = packing_search._Orbits(*packing_search.symmetry_orbits(k, p))
-    x = torch.from_numpy(rng.choice([-1.0, 1.0], orbits.n))
-    S = orbits.signs(x)
-    assert torch.equal(S, S.T) and torch.all(S.diagonal() == 0) and torch.all(S.abs() + torch.eye(k) == 1)
-    a, b = int(rng.integers(-5, 6)), int(rng.integers(1, 30))
-    M = S @ S - a * S - b * torch.eye(k, dtype=torch.float64)
-    F = float((M * M).sum())
-    fast = F + orbits.deltas(S, M, x, a).numpy()
-    dense = []
-    for o in range(orbits.n):
-        T = orbits.flip(S, x, o)
-        Mo = T @ T - a * T - b * torch.eye(k, dtype=torch.float64)
-        dense.append(float((Mo * Mo).sum()))
-    assert fast.tolist() == dense
-
-
 def test_both_evaluations_walk_the_same_search(monkeypatch):
     def walk(k, d, seed, steps):
         seen = []
@@ -164,16 +122,16 @@ def test_both_evaluations_walk_the_same_search(monkeypatch):
         return seen
 
     default = walk(16, 6, 0, 400), walk(26, 13, 1, 150)
-    monkeypatch.setattr(packing_search, "DENSE_WORK", 0)  # every ansatz by the change of F
+    monkeypatch.setattr(ansatz, "DENSE_WORK", 0)  # every ansatz by the change of F
     assert (walk(16, 6, 0, 400), walk(26, 13, 1, 150)) == default
-    monkeypatch.setattr(packing_search, "DENSE_WORK", 1 << 62)  # every ansatz by its flipped S²
+    monkeypatch.setattr(ansatz, "DENSE_WORK", 1 << 62)  # every ansatz by its flipped S²
     assert (walk(16, 6, 0, 400), walk(26, 13, 1, 150)) == default
 
 
 def test_a_wrong_change_of_f_is_caught(monkeypatch):
-    monkeypatch.setattr(packing_search, "DENSE_WORK", 0)
-    real = packing_search._Orbits.deltas
-    monkeypatch.setattr(packing_search._Orbits, "deltas", lambda self, *a: real(self, *a) + 4.0)
+    monkeypatch.setattr(ansatz, "DENSE_WORK", 0)
+    real = ansatz._Orbits.deltas
+    monkeypatch.setattr(ansatz._Orbits, "deltas", lambda self, *a: real(self, *a) + 4.0)
     with pytest.raises(RuntimeError, match="the F predicted for a flip"):
         packing_search.equiangular_search(torch.randn(16, 6, dtype=torch.float64), 50, 0, lambda s, f: None)
 
@@ -186,9 +144,58 @@ def test_sizes_above_the_old_limit_of_64_run():
     assert res.eps_star <= res.eps_star_init
 
 
-def test_the_portfolio_order():
-    # up to 64 lines the order of the frames measured before (same searches); above, no fixed points first
-    assert packing_search.portfolio(36)[:5] == [1, 2, 3, 5, 7] and packing_search.portfolio(36)[-1] == 31
-    assert packing_search.portfolio(126)[:4] == [7, 3, 2, 1]  # 126 = 2·3²·7
-    assert packing_search.portfolio(128)[:3] == [2, 127, 1]  # and the Paley cycle (127 prime) next
-    assert sorted(packing_search.portfolio(126)) == sorted([1] + packing_search._primes(126))
+@pytest.mark.parametrize("k,d", [(38, 19), (42, 21), (50, 25), (54, 27), (62, 31), (28, 7), (28, 21), (126, 21),
+                                 (126, 105)])
+def test_the_paley_and_unital_frames_are_found_by_enumeration(k, d):
+    res = _search(k, d, seed=3, steps=2000)
+    assert abs(res.eps_minus_bound) < 1e-12 and len(res.loss_history) <= 1 << packing_search.EXHAUSTIVE_BITS
+
+
+def test_the_schedule():
+    slices = list(packing_search.schedule(50, 5000))
+    assert [s.index for s in slices] == list(range(len(slices))) and sum(s.moves for s in slices) == 5000
+    sizes = [s.ansatz.size() for s in slices if s.kind == "exhaustive"]
+    assert sizes and sizes == sorted(sizes) and max(sizes) <= packing_search.EXHAUSTIVE_BITS
+    assert all(s.moves == 1 << s.ansatz.size() for s in slices[:len(sizes)])  # every sign pattern once
+    tabu = [s for s in slices if s.kind == "tabu"]
+    assert tabu and all(s.ansatz.size() > packing_search.EXHAUSTIVE_BITS for s in tabu)
+    # a shorter search is a prefix of a longer one (its last slice cut short): more steps never give a larger ε*
+    short = list(packing_search.schedule(50, 4000))
+    assert short[:-1] == slices[:len(short) - 1] and short[-1].ansatz == slices[len(short) - 1].ansatz
+    assert short[-1].moves <= slices[len(short) - 1].moves
+
+
+def test_the_workers_do_not_change_the_search(monkeypatch):
+    def walk():
+        seen = []
+        x = packing_search.equiangular_search(torch.randn(36, 15, dtype=torch.float64, generator=torch.Generator()
+                                                          .manual_seed(0)), 3000, 5, lambda s, f: seen.append((s, f)))
+        return seen, x
+
+    monkeypatch.setenv(packing_search.WORKERS_ENV, "1")
+    alone, x1 = walk()
+    monkeypatch.setattr(packing_search, "PARALLEL_AFTER_S", 0.0)  # every slice after the first in the workers
+    monkeypatch.setenv(packing_search.WORKERS_ENV, "2")
+    together, x2 = walk()
+    assert [s for s, _ in alone] == list(range(len(alone))) and together == alone and torch.equal(x1, x2)
+
+
+def test_a_bad_number_of_workers_is_refused(monkeypatch):
+    monkeypatch.setenv(packing_search.WORKERS_ENV, "two")
+    with pytest.raises(ValueError, match="REPCAP_SEARCH_WORKERS must be an integer"):
+        packing_search.workers()
+    monkeypatch.setenv(packing_search.WORKERS_ENV, "0")
+    with pytest.raises(ValueError, match="REPCAP_SEARCH_WORKERS must be at least 1, got 0"):
+        packing_search.workers()
+    with pytest.raises(ValueError, match="REPCAP_SEARCH_WORKERS must be at least 1"):  # before any step
+        packing_search.equiangular_search(torch.randn(16, 6, dtype=torch.float64), 10, 0, lambda s, f: 1 / 0)
+    monkeypatch.setenv(packing_search.WORKERS_ENV, "3")
+    assert packing_search.workers() == 3
+
+
+def test_by_default_the_search_takes_enough_steps_to_reach_the_frame():
+    res = packing.optimize(36, 15, method="equiangular-search", dtype=torch.float64, progress=False)
+    assert res.steps == packing_search.default_steps(36) == 100_000 and abs(res.eps_minus_bound) < 1e-12
+    assert len(res.loss_history) < res.steps  # it stopped at the frame
+    assert [packing_search.default_steps(k) for k in (64, 65, 126, 300)] == [100_000, 95_456, 13_105, 971]
+    assert packing.methods.default_steps("minimax", 36) == packing.methods.DEFAULT_STEPS == 5000

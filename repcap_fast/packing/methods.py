@@ -62,6 +62,7 @@ NO_P = ("alternating-projection", "equiangular-search")  # methods without an ex
 DEFAULT_P_START = 4
 DEFAULT_P_END = 1024
 DEFAULT_POLISH_STEPS = 40
+DEFAULT_STEPS = 5000  # the paper's
 LR_END_FRACTION = 0.01  # the continuation methods decay lr geometrically to this fraction of it
 CONTINUATION_LR_FACTOR = 2.0  # their first lr: twice the paper's (0.01 for d ≤ 1024), measured in the README
 _ADAM_BETAS = (0.9, 0.999)
@@ -158,6 +159,12 @@ def check_sizes(method: str, k: int, d: int, projection_steps: int = 0) -> None:
         search.check_size(k, d)
     if projection_steps:
         projection.check_size(k, d, "projection_steps")
+
+
+def default_steps(method: str, k: int) -> int:
+    """The steps of `method` when none are given: DEFAULT_STEPS (the paper's 5000), and for
+    "equiangular-search", which stops at the first frame, ``search.default_steps(k)``."""
+    return search.default_steps(k) if method == "equiangular-search" else DEFAULT_STEPS
 
 
 def default_lr(method: str, paper_lr: float) -> float:

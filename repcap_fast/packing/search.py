@@ -8,53 +8,88 @@ So the frame exists exactly when a sign matrix S satisfies
 
     S² − aS − bI = 0,    a = λ1 + λ2,  b = −λ1λ2  (b = k − 1),
 
-and the search looks for one: a tabu search over the signs that minimizes the integer objective
-F(S) = ‖S² − aS − bI‖²_F, which is 0 exactly at an ETF. A move flips one sign (both s_ij and s_ji).
-Each step evaluates F of the current signs (a step, whether or not a move follows), stops the search
-if it is 0, and otherwise makes the best move that is not tabu: after a move, the same move is tabu
-for the next t − 1 moves, t = max(1, ⌊n·TENURE_FRACTION⌋) + (0, 1 or 2 at random), n the number of
-possible moves, unless it reaches a new best F. The vectors are then the top-d
-eigenvectors of G scaled by √(k/d): their cosines are ±μ to rounding.
+and the search looks for one, minimizing the integer F(S) = ‖S² − aS − bI‖²_F, which is 0 exactly
+at an ETF. The vectors are then the top-d eigenvectors of G scaled by √(k/d): their cosines are ±μ
+to rounding.
 
-Where plain sign flips stall (the conference frames (30, 15), and (36, 15)), a symmetry ansatz makes
-the search space small enough: S is asked to be invariant under a permutation π of the k lines that
-is a product of k // p disjoint p-cycles (p prime, the other k mod p lines fixed), and a move flips a
-whole orbit of the pairs under π. The search runs a portfolio of these ansätze (``portfolio``: p = 1
-(no symmetry), 2, 3, 5, … up to k; above 64 lines those without fixed points first): in round r
-each ansatz gets BASE_SLICE·2^r moves from a fresh random sign start,
-until one reaches F = 0 or the `steps` steps are spent. The frames this reaches and how many steps
-they took on this project's CPU: docs/internals/packing.md.
+The search looks among the S invariant under a symmetry group (an ansatz, ``packing.ansatz``: one
+sign per orbit of the group on the pairs of lines, and a move flips a whole orbit), over a
+portfolio of ansätze, in slices:
+
+1. every ansatz of at most EXHAUSTIVE_BITS orbits, fewest first: all its 2^n sign patterns, in
+   Gray-code order (one flip a step). This finds every Paley conference frame (3 orbits for prime
+   k − 1, 9 for k − 1 = 49) and the frames of the unitary two-graphs (28 and 126 lines, 4 and 5
+   orbits), and proves the small ansätze empty.
+2. then rounds r = 0, 1, …: each other ansatz that fixes at most one line gets BASE_SLICE·2^r moves
+   of tabu search from a fresh random sign start, fewest orbits first; from round LATER_BY on, the
+   ansätze that fix more lines get BASE_SLICE·2^(r − LATER_BY) moves each after them (in the
+   prototype runs every frame fell to an ansatz with at most one fixed line). Each step evaluates
+   F of the current signs (a step, whether or not a move follows), stops the search if it is 0,
+   and otherwise makes the best move that is not tabu: after a move, the same move is tabu for the
+   next t − 1 moves, t = max(1, ⌊n·TENURE_FRACTION⌋) + (0, 1 or 2 at random), n the number of
+   orbits, unless it reaches a new best F.
+
+until a slice reaches F = 0 or the `steps` steps are spent. Slice j draws its random numbers from
+numpy's default_rng([seed, j]) and uses exactly its moves unless it finds a frame, so each slice's
+first step is known in advance: slices run in parallel processes where the machine has cores to
+spare (``workers``; forked, Linux), and the result for a seed is the same for any number of them.
+The frames this reaches and how many steps and seconds they took on this project's CPU:
+docs/internals/packing.md.
 
 Not every (k, d) has a real ETF. The search refuses the (k, d) where none can exist (the necessary
 conditions of Sustik, Tropp, Dhillon and Heath (2007): k ≤ d(d+1)/2 and the same for the Naimark
 complement (k, k − d); for k ≠ 2d and 1 < d < k − 1, 1/μ and λ1 odd integers; for k = 2d, k ≡ 2 mod 4
 and k − 1 a sum of two squares). Where the conditions hold but the search ends without F = 0 (too few
-`steps`, or no such frame), it returns the packing of least ε* it saw: the start, or the normalized
-rows of the nearest tight frame to a sign matrix it evaluated (so no longer exactly tight); more
-steps never give a larger ε*. The certificate gap of the result says how far that is from the
-optimum.
+`steps`, or no frame in its ansätze), it returns the packing of least ε* it saw: the start, or the
+normalized rows of the nearest tight frame to a sign matrix it evaluated (so no longer exactly
+tight); more steps never give a larger ε*. The certificate gap of the result says how far that is
+from the optimum.
 
-Each move forms M = S² − aS − bI once (k³) and the F of every orbit flip from M in O(m·k) for an
-orbit of m pairs (``_Orbits``: a flip changes only the rows and columns of the lines it touches),
-so a move costs O(k³ + n·m·k) = O(k³) in all; where n·k³ is small (DENSE_WORK) every flipped S² is
-formed instead, the same integers. The F a move predicts is checked against the F formed from
-scratch at the next move. The search refuses k > MAX_K: at k = 300 a move of the plain ansatz
-(n = 44,850 single pairs) takes about 0.13 s and 32 MiB of gathered rows on this project's 2-core
-CPU (0.02 s at k = 126), and building its orbit table about 1 s, once.
+Each move forms M = S² − aS − bI once (k³) and the F of every orbit flip from M in O(m·k + r²) for
+an orbit of m pairs on r lines (``ansatz._Orbits``: a flip changes only the rows and columns of the
+lines it touches), so a move costs O(k³ + Σ r²) in all; where n·k³ is small (DENSE_WORK) every
+flipped S² is formed instead, the same integers. The F a move predicts is checked against the F
+formed from scratch at the next move. Each step also forms the nearest tight frame (an eigh of
+k×k) to keep the best packing. The search refuses k > MAX_K: on this project's 2-core CPU a move
+took 0.6 ms at k = 36, 6 to 14 ms at k = 126 and 0.09 to 0.12 s at k = 300 (the plain ansatz,
+44,850 single pairs, and 60 5-cycles), building the orbit table at most 0.6 s, once. Without
+`steps`, the search takes ``default_steps(k)``: about the same wall time at every k.
 """
 
 from __future__ import annotations
 
+import collections
 import math
-from typing import Callable, List, Tuple
+import multiprocessing
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
+from .ansatz import Ansatz, _Orbits, portfolio
+
 MAX_K = 300  # per move: k³ + n·m·k (n orbits of m pairs, n·m ≤ k(k−1)/2)
 BASE_SLICE = 200  # moves of each ansatz in the first round; doubled every round
+LATER_BY = 2  # the ansätze that fix more than one line: their rounds start this many rounds later
 TENURE_FRACTION = 1 / 6  # a flipped orbit is tabu for the next t − 1 moves, t = max(1, ⌊n/6⌋) + 0…2
-DENSE_WORK = 1 << 24  # n·k³ up to this: every flip's F from its S² at once (faster at small k than the deltas)
+EXHAUSTIVE_BITS = 10  # ansätze of at most this many orbits: every sign pattern, once, before the tabu rounds
+PARALLEL_AFTER_S = 5.0  # slices run in this process for this long; the rest in `workers` processes
+MAX_WORKERS = 8
+DEFAULT_STEPS = 100_000  # when none are given, up to DEFAULT_STEPS_UP_TO lines (``default_steps``)
+DEFAULT_STEPS_UP_TO = 64
+WORKERS_ENV = "REPCAP_SEARCH_WORKERS"  # the number of processes, overriding the usable cores (1: none)
+
+
+def default_steps(k: int) -> int:
+    """The steps of the search when none are given: DEFAULT_STEPS up to DEFAULT_STEPS_UP_TO lines, then
+    fewer as k³ grows (a move costs about k³), DEFAULT_STEPS·(DEFAULT_STEPS_UP_TO/k)³ rounded up: about
+    the same wall time at every k, a few minutes on this project's 2-core CPU when no frame is found.
+    The search stops at the first frame, so these are at most the steps it takes."""
+    return min(DEFAULT_STEPS, math.ceil(DEFAULT_STEPS * (DEFAULT_STEPS_UP_TO / k) ** 3))
 
 
 def seidel_spectrum(k: int, d: int) -> Tuple[float, float, float]:
@@ -112,180 +147,30 @@ def check_size(k: int, d: int) -> None:
                          f"'alternating-projection'")
 
 
-def _primes(n: int) -> List[int]:
-    return [p for p in range(2, n + 1) if all(p % q for q in range(2, math.isqrt(p) + 1))]
+def workers() -> int:
+    """The processes the search's slices run in: $REPCAP_SEARCH_WORKERS, else the usable cores (at most
+    MAX_WORKERS) on Linux, else 1. The result does not depend on it."""
+    env = os.environ.get(WORKERS_ENV)
+    if env is not None:
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"{WORKERS_ENV} must be an integer number of processes, got {env!r}") from None
+        if n < 1:
+            raise ValueError(f"{WORKERS_ENV} must be at least 1, got {n} (1: no worker processes)")
+        return n
+    if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
 
 
-PORTFOLIO_REORDER_ABOVE = 64  # above this k the ansätze without fixed points come before the plain one
-
-
-def portfolio(k: int) -> List[int]:
-    """The cycle lengths p of the ansätze, in the order the search gives them moves.
-
-    Up to PORTFOLIO_REORDER_ABOVE lines: 1 (no symmetry), then every prime p ≤ k in increasing
-    order. Above it, where the plain search has too many signs, the cycle structures without fixed
-    points come first (p dividing k, largest first: the fewest orbits; the 126 lines in R^21 have a
-    symmetry group whose order 7 divides 126), then the one with a single fixed line (p = k − 1
-    prime: the cyclic group of a Paley conference frame), then 1 and the other primes.
-    """
-    primes = _primes(k)
-    if k <= PORTFOLIO_REORDER_ABOVE:
-        return [1] + primes
-    free = sorted((p for p in primes if k % p == 0), reverse=True)
-    paley = [k - 1] if k - 1 in primes else []
-    first = free + paley
-    return first + [1] + [p for p in primes if p not in first]
-
-
-def symmetry_orbits(k: int, p: int) -> Tuple[np.ndarray, int]:
-    """The orbits of the pairs {i, j} under π = k // p disjoint p-cycles (lines 0…p−1, p…2p−1, …).
-
-    Returns (labels, n): labels[i, j] = labels[j, i] the orbit of {i, j} (−1 on the diagonal), n
-    the number of orbits. p = 1 is the identity: every pair its own orbit.
-    """
-    perm = np.arange(k)
-    for c in range(k // p):
-        cycle = np.arange(c * p, (c + 1) * p)
-        perm[cycle] = np.roll(cycle, -1)
-    labels = np.full((k, k), -1, dtype=np.int64)
-    n = 0
-    for i in range(k):
-        for j in range(i + 1, k):
-            a, b = i, j
-            while labels[a, b] < 0:
-                labels[a, b] = labels[b, a] = n
-                a, b = perm[a], perm[b]
-            n += int(labels[i, j] == n)
-    return labels, n
-
-
-class _Orbits:
-    """The structure of an ansatz's orbits, for the change of F that flipping each orbit makes.
-
-    Per orbit o: its pairs (i, j), i < j; R_o, the distinct lines its pairs touch (padded with k);
-    for each line of R_o the lines it is paired with in o (padded with k); and on R_o × R_o the
-    orbit's indicator B_o and its square B_o². Flipping orbit o with signs x_o changes S by
-    D = c·B_o, c = −2x_o, and M = S² − aS − bI by ΔM = c(SB + BS) + c²B² − acB: rows and columns
-    R_o only. With Q = MS (M and S commute, so Q is symmetric) and Y = SB (nonzero in columns R_o),
-
-        F(S + D) − F(S) = 2⟨M, ΔM⟩ + ‖ΔM‖²,
-        ⟨M, ΔM⟩ = 4c Σ_pairs Q_ij + c²⟨M, B²⟩_R − 2ac Σ_pairs M_ij,
-        ‖ΔM‖² = c²(2‖Y‖² + 2 tr(Y²)) + 4c⟨Yᵀ, E⟩_R + ‖E‖²_R,   E = c²B² − acB on R × R,
-
-    all from O(|o|·k) numbers: for an orbit of m pairs, O(m·k + m²) work instead of the k³ of
-    forming the flipped S² (``deltas``).
-    """
-
-    def __init__(self, labels: np.ndarray, n: int):
-        k = labels.shape[0]
-        ii, jj = np.nonzero(np.triu(labels >= 0, 1))
-        orbit = labels[ii, jj]
-        order = np.argsort(orbit, kind="stable")
-        ii, jj, orbit = ii[order], jj[order], orbit[order]
-        sizes = np.bincount(orbit, minlength=n)
-        m_max = int(sizes.max())
-        slot = np.arange(len(orbit)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        self.k, self.n = k, n
-        self.pairs_i = np.full((n, m_max), k, dtype=np.int64)  # padded with k: a zero row and column
-        self.pairs_j = np.full((n, m_max), k, dtype=np.int64)
-        self.pairs_i[orbit, slot], self.pairs_j[orbit, slot] = ii, jj
-        starts = np.cumsum(sizes) - sizes
-        spans = [(ii[s0:s0 + m].tolist(), jj[s0:s0 + m].tolist()) for s0, m in zip(starts.tolist(), sizes.tolist())]
-        lines = [sorted(set(pi) | set(pj)) for pi, pj in spans]
-        r_max = max(len(r) for r in lines)
-        self.lines = np.full((n, r_max), k, dtype=np.int64)
-        partners = [[[] for _ in range(r_max)] for _ in range(n)]
-        b = np.zeros((n, r_max, r_max))
-        for o, (pi, pj) in enumerate(spans):
-            where = {line: r for r, line in enumerate(lines[o])}
-            self.lines[o, :len(lines[o])] = lines[o]
-            for i, j in zip(pi, pj):
-                partners[o][where[i]].append(j)
-                partners[o][where[j]].append(i)
-                b[o, where[i], where[j]] = b[o, where[j], where[i]] = 1.0
-        p_max = max(len(q) for row in partners for q in row)
-        self.partners = np.full((n, r_max, p_max), k, dtype=np.int64)
-        for o in range(n):
-            for r, q in enumerate(partners[o]):
-                self.partners[o, r, :len(q)] = q
-        self.b = torch.from_numpy(b)
-        self.b2 = torch.from_numpy(np.einsum("nrt,nts->nrs", b, b))  # B² on R × R (B is zero off R)
-        self.chunk = max(1, (1 << 22) // max(1, r_max * p_max * (k + 1)))  # ~32 MiB of gathered rows
-        self._basis = None  # the orbits' indicators, n×k×k, built for the dense evaluation only
-        self._eye = torch.eye(k, dtype=torch.float64)
-        self._pair_cache: dict = {}  # orbit → its pairs as index tensors, for the moves made
-        self.dense = n * k**3 <= DENSE_WORK  # small: every flipped S² at once (batched GEMMs)
-
-    def signs(self, x: torch.Tensor) -> torch.Tensor:
-        """S for the orbit signs x."""
-        S = torch.zeros(self.k + 1, self.k + 1, dtype=torch.float64)
-        i, j = torch.from_numpy(self.pairs_i), torch.from_numpy(self.pairs_j)
-        S[i, j] = S[j, i] = x[:, None].expand(-1, i.shape[1])
-        return S[:self.k, :self.k].clone()
-
-    def flip(self, S: torch.Tensor, x: torch.Tensor, o: int) -> torch.Tensor:
-        """S with the signs of orbit o flipped (a new tensor)."""
-        S = S.clone()
-        i, j = self._pairs_of(o)
-        S[i, j] = S[j, i] = -x[o]
-        return S
-
-    def _pairs_of(self, o: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        if o not in self._pair_cache:
-            keep = self.pairs_i[o] < self.k
-            self._pair_cache[o] = (torch.from_numpy(self.pairs_i[o][keep]), torch.from_numpy(self.pairs_j[o][keep]))
-        return self._pair_cache[o]
-
-    def flipped_f(self, S: torch.Tensor, M: torch.Tensor, F: float, x: torch.Tensor, a: int, b: int) -> np.ndarray:
-        """F of S with each orbit flipped: exact integers in float64."""
-        if self.dense:
-            if self._basis is None:
-                basis = torch.zeros(self.n, self.k + 1, self.k + 1, dtype=torch.float64)
-                rows = torch.arange(self.n)[:, None].expand(-1, self.pairs_i.shape[1])
-                i, j = torch.from_numpy(self.pairs_i), torch.from_numpy(self.pairs_j)
-                basis[rows, i, j] = basis[rows, j, i] = 1.0
-                self._basis = basis[:, :self.k, :self.k].contiguous()
-            flipped = S[None] - 2.0 * x[:, None, None] * self._basis
-            Mf = flipped @ flipped - a * flipped - b * self._eye
-            return (Mf * Mf).sum((1, 2)).numpy()
-        return (F + self.deltas(S, M, x, a)).numpy()
-
-    def deltas(self, S: torch.Tensor, M: torch.Tensor, x: torch.Tensor, a: int) -> torch.Tensor:
-        """F(S with orbit o flipped) − F(S) for every orbit o, exact (integers in float64)."""
-        k = self.k
-        pad = torch.zeros(k + 1, k + 1, dtype=torch.float64)
-        s_ext, m_ext, q_ext = pad.clone(), pad.clone(), pad.clone()
-        s_ext[:k, :k], m_ext[:k, :k], q_ext[:k, :k] = S, M, M @ S
-        out = torch.empty(self.n, dtype=torch.float64)
-        for lo in range(0, self.n, self.chunk):
-            hi = min(self.n, lo + self.chunk)
-            c = -2.0 * x[lo:hi, None, None]
-            pi, pj = torch.from_numpy(self.pairs_i[lo:hi]), torch.from_numpy(self.pairs_j[lo:hi])
-            lines = torch.from_numpy(self.lines[lo:hi])
-            b, b2 = self.b[lo:hi], self.b2[lo:hi]
-            # Y = SB in the columns R: Y[:, R_r] = the sum of S's columns of R_r's partners (S symmetric)
-            y = s_ext[torch.from_numpy(self.partners[lo:hi])].sum(2)  # (orbits, R, k + 1): row r = Y[:, R_r]
-            z = torch.gather(y, 2, lines[:, None, :].expand(-1, lines.shape[1], -1))  # z[r, s] = Y[R_s, R_r]
-            m_rr = m_ext[lines[:, :, None], lines[:, None, :]]
-            e = c * c * b2 - a * c * b
-            sum_q = q_ext[pi, pj].sum(1)[:, None, None]
-            sum_m = m_ext[pi, pj].sum(1)[:, None, None]
-            inner = 4 * c * sum_q + c * c * (m_rr * b2).sum((1, 2), keepdim=True) - 2 * a * c * sum_m
-            y_sq = (y * y).sum((1, 2), keepdim=True)
-            tr_y2 = (z * z.transpose(1, 2)).sum((1, 2), keepdim=True)
-            norm = c * c * (2 * y_sq + 2 * tr_y2) + 4 * c * (z.transpose(1, 2) * e).sum((1, 2), keepdim=True) \
-                + (e * e).sum((1, 2), keepdim=True)
-            out[lo:hi] = (2 * inner + norm)[:, 0, 0]
-        return out
-
-
-def _tabu(orbits: "_Orbits", a: int, b: int, moves: int, rng: np.random.Generator,
-          on_move: Callable[[float, torch.Tensor], bool]) -> Tuple[torch.Tensor, float]:
-    """Tabu search over the orbit signs for `moves` moves; returns (best S, its F), stopping at F = 0.
+def _tabu(orbits: _Orbits, a: int, b: int, moves: int, rng: np.random.Generator,
+          on_move: Callable[[float, torch.Tensor], bool]) -> None:
+    """Tabu search over the orbit signs for `moves` moves, stopping at F = 0.
 
     on_move(F, S) is called with each sign matrix evaluated and its F; it returns False to stop (steps
     spent), and that matrix does not count. Each move forms M = S² − aS − bI once (k³) and the F of
-    every orbit flip from it: by the change of F (``_Orbits.deltas``, O(m·k) an orbit of m pairs),
+    every orbit flip from it: by the change of F (``_Orbits.deltas``, O(m·k + r²) an orbit of m pairs on r lines),
     or, where n·k³ is small, by forming every flipped S² (``_Orbits.dense``): the same integers. The
     F predicted for the move made is checked against the F computed from scratch at the next move,
     so a drift cannot pass unseen.
@@ -296,7 +181,7 @@ def _tabu(orbits: "_Orbits", a: int, b: int, moves: int, rng: np.random.Generato
     eye = torch.eye(k, dtype=torch.float64)
     tabu_until = np.zeros(n, dtype=np.int64)
     tenure = max(1, int(n * TENURE_FRACTION))
-    best_S, best = S, math.inf
+    best = math.inf
     predicted = None
     for move in range(moves):
         M = S @ S - a * S - b * eye
@@ -304,12 +189,9 @@ def _tabu(orbits: "_Orbits", a: int, b: int, moves: int, rng: np.random.Generato
         if predicted is not None and predicted != F:
             raise RuntimeError(f"equiangular-search: the F predicted for a flip ({predicted}) is not the F computed "
                                f"after it ({F}); please report this")
-        if not on_move(F, S):
-            break
-        if F < best:
-            best_S, best = S, F
-        if F == 0:
-            break
+        if not on_move(F, S) or F == 0:
+            return
+        best = min(best, F)
         after = orbits.flipped_f(S, M, F, x, a, b)
         Ff = after.copy()
         Ff[(tabu_until > move) & (Ff >= best)] = math.inf  # tabu, unless it beats the best (aspiration)
@@ -319,18 +201,128 @@ def _tabu(orbits: "_Orbits", a: int, b: int, moves: int, rng: np.random.Generato
         S = orbits.flip(S, x, o)
         x[o] = -x[o]
         tabu_until[o] = move + tenure + int(rng.integers(0, 3))
-    return best_S, best
+
+
+def _exhaust(orbits: _Orbits, a: int, b: int, rng: np.random.Generator,
+             on_move: Callable[[float, torch.Tensor], bool]) -> None:
+    """Every one of the 2^n orbit sign patterns, from a random one in Gray-code order (one orbit flipped
+    a step), stopping at F = 0; on_move as for ``_tabu``."""
+    k, n = orbits.k, orbits.n
+    x = torch.from_numpy(rng.choice([-1.0, 1.0], n))
+    S = orbits.signs(x)
+    eye = torch.eye(k, dtype=torch.float64)
+    for i in range(1 << n):
+        if i:
+            o = (i & -i).bit_length() - 1  # the Gray code's next flip
+            S = orbits.flip(S, x, o)
+            x[o] = -x[o]
+        M = S @ S - a * S - b * eye
+        F = float((M * M).sum())
+        if not on_move(F, S) or F == 0:
+            return
+
+
+@dataclass(frozen=True)
+class _Slice:
+    index: int  # its place in the schedule: seeds its random numbers
+    ansatz: Ansatz
+    kind: str  # "exhaustive" or "tabu"
+    moves: int  # the steps it may take (its share of `steps`)
+
+
+def schedule(k: int, steps: int) -> Iterator[_Slice]:
+    """The slices of the search for k lines, in order, until `steps` steps are handed out (module docstring)."""
+    ansatze = portfolio(k)
+    sizes = {x: x.size() for x in ansatze}
+    small = sorted((x for x in ansatze if sizes[x] <= EXHAUSTIVE_BITS), key=sizes.get)
+    rest = [x for x in ansatze if sizes[x] > EXHAUSTIVE_BITS]
+    first = sorted((x for x in rest if x.fixed <= 1), key=sizes.get)
+    later = sorted((x for x in rest if x.fixed > 1), key=sizes.get)
+
+    def slices():
+        for x in small:
+            yield x, "exhaustive", 1 << sizes[x]
+        r = 0
+        while rest:
+            for x in first:
+                yield x, "tabu", BASE_SLICE << r
+            if r >= LATER_BY:
+                for x in later:
+                    yield x, "tabu", BASE_SLICE << (r - LATER_BY)
+            r += 1
+    used = 0
+    for index, (x, kind, moves) in enumerate(slices()):
+        if used >= steps:
+            return
+        take = min(moves, steps - used)
+        used += take
+        yield _Slice(index, x, kind, take)
+
+
+@dataclass
+class _Outcome:
+    fs: List[float]  # F at each step of the slice
+    eps: float  # the least ε* of its steps' frames (inf when it took none)
+    rows: Optional[np.ndarray]  # that frame (the ETF where F reached 0)
+
+
+class _Job:
+    """One search's fixed data; ``run`` runs a slice of it (in this process or a worker)."""
+
+    def __init__(self, k: int, d: int, seed: int, start: torch.Tensor):
+        self.k, self.d, self.seed, self.start = k, d, seed, start
+        self.mu, lam1, lam2 = seidel_spectrum(k, d)
+        self.a, self.b = round(lam1 + lam2), round(-lam1 * lam2)
+        self._orbits: Dict[Ansatz, _Orbits] = {}  # built when first used
+
+    def __getstate__(self):
+        return {**self.__dict__, "_orbits": {}}  # a worker builds its own
+
+    def run(self, task: _Slice, on_f: Optional[Callable[[float], None]] = None) -> _Outcome:
+        if task.ansatz not in self._orbits:
+            self._orbits[task.ansatz] = _Orbits(*task.ansatz.orbits())
+        orbits = self._orbits[task.ansatz]
+        out = _Outcome([], math.inf, None)
+
+        def on_move(F: float, S: torch.Tensor) -> bool:
+            if len(out.fs) >= task.moves:
+                return False
+            out.fs.append(F)
+            if on_f is not None:
+                on_f(F)
+            rows = _frame(S, self.mu, self.d, self.start)
+            eps = _coherence(rows)
+            if eps < out.eps or F == 0:  # an ETF meets the Welch bound: none is better
+                out.eps, out.rows = eps, rows.numpy()
+            return True
+        rng = np.random.default_rng([self.seed, task.index])
+        (_exhaust(orbits, self.a, self.b, rng, on_move) if task.kind == "exhaustive"
+         else _tabu(orbits, self.a, self.b, task.moves, rng, on_move))
+        return out
+
+
+_WORKER_JOB: List[_Job] = []  # a worker process's job, set once by its initializer
+
+
+def _worker_init(job: _Job) -> None:
+    torch.set_num_threads(1)  # the processes share the cores
+    _WORKER_JOB[:] = [job]
+
+
+def _worker_run(task: _Slice) -> _Outcome:
+    return _WORKER_JOB[0].run(task)
 
 
 def equiangular_search(X: torch.Tensor, steps: int, seed: int, on_step: Callable[[int, float], None]) -> torch.Tensor:
-    """Searches for a k×d real ETF in `steps` moves at most; returns its vectors, or the best frame seen.
+    """Searches for a k×d real ETF in `steps` steps at most; returns its vectors, or the best frame seen.
 
     Args:
         X: the k×d seeded random start (unit rows); its rows replace any row the returned frame
             leaves out (only when no ETF was found).
         steps: sign matrices evaluated in all, ≥ 1 (a move follows each but the last).
-        seed: seeds the sign starts of the portfolio (numpy's default_rng).
-        on_step: called as on_step(step, F) for each move, F = ‖S² − aS − bI‖²_F at its start.
+        seed: seeds the slices' sign starts and tie-breaks (numpy's default_rng([seed, slice])).
+        on_step: called as on_step(step, F) for each step in order, F = ‖S² − aS − bI‖²_F of its
+            signs (after each slice where the slices run in worker processes).
 
     Returns:
         torch.Tensor: k×d unit rows (float64, on X's device): the ETF when F reached 0, else the
@@ -339,41 +331,49 @@ def equiangular_search(X: torch.Tensor, steps: int, seed: int, on_step: Callable
     """
     k, d = X.shape
     check_size(k, d)
-    mu, lam1, lam2 = seidel_spectrum(k, d)
-    a, b = round(lam1 + lam2), round(-lam1 * lam2)
-    rng = np.random.default_rng(seed)
-    ansatze = {}  # built when first used: p → its orbits
-
-    def orbits_of(p: int) -> _Orbits:
-        if p not in ansatze:
-            ansatze[p] = _Orbits(*symmetry_orbits(k, p))
-        return ansatze[p]
-    step = 0
     start = X.detach().to(device="cpu", dtype=torch.float64)
     start = start / torch.linalg.vector_norm(start, dim=1, keepdim=True)
-    kept = [_coherence(start), start]  # the best packing seen, by its ε*: the start, then each step's frame
+    processes = workers()  # a bad $REPCAP_SEARCH_WORKERS is refused before any work
+    job = _Job(k, d, seed, start)
+    kept = [_coherence(start), start.numpy()]  # the best packing seen, by its ε*
+    step = [0]
 
-    def on_move(F: float, S: torch.Tensor) -> bool:
-        nonlocal step
-        if step >= steps:
-            return False
-        on_step(step, F)
-        step += 1
-        rows = _frame(S, mu, d, start)
-        eps = _coherence(rows)
-        if eps < kept[0] or F == 0:  # an ETF meets the Welch bound: none is better
-            kept[:] = [eps, rows]
-        return True
+    def count(F: float) -> None:
+        on_step(step[0], F)
+        step[0] += 1
 
-    best = math.inf
-    rounds = 0
-    while step < steps and best > 0:
-        for p in portfolio(k):
-            best = min(best, _tabu(orbits_of(p), a, b, BASE_SLICE << rounds, rng, on_move)[1])
-            if best == 0 or step >= steps:
-                break
-        rounds += 1
-    return kept[1].to(X.device)
+    def merge(out: _Outcome, replay: bool) -> bool:
+        """Takes a slice's outcome, in schedule order; True when it found the frame."""
+        if replay:
+            for F in out.fs:
+                count(F)
+        if out.rows is not None and (out.eps < kept[0] or out.fs[-1] == 0):
+            kept[:] = [out.eps, out.rows]
+        return bool(out.fs) and out.fs[-1] == 0
+
+    tasks = schedule(k, steps)
+    began = time.perf_counter()
+    for task in tasks:
+        if merge(job.run(task, count), replay=False):
+            return torch.from_numpy(kept[1]).to(X.device)
+        if time.perf_counter() - began > PARALLEL_AFTER_S and processes > 1:
+            _run_in_workers(job, tasks, merge, processes)
+            break
+    return torch.from_numpy(kept[1]).to(X.device)
+
+
+def _run_in_workers(job: _Job, tasks: Iterator[_Slice], merge: Callable[[_Outcome, bool], bool], n: int) -> None:
+    """Runs the remaining slices in n forked processes, 2 per process in flight, merging them in order."""
+    with multiprocessing.get_context("fork").Pool(n, initializer=_worker_init, initargs=(job,)) as pool:
+        pending = collections.deque()
+        for task in tasks:
+            pending.append(pool.apply_async(_worker_run, (task,)))
+            while len(pending) >= 2 * n:
+                if merge(pending.popleft().get(), True):
+                    return  # the pool is terminated on leaving the block
+        while pending:
+            if merge(pending.popleft().get(), True):
+                return
 
 
 def _frame(S: torch.Tensor, mu: float, d: int, start: torch.Tensor) -> torch.Tensor:
