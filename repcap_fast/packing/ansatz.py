@@ -28,6 +28,7 @@ Orbits of the pairs are numbered by their first pair in the order (0, 1), (0, 2)
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import List, Tuple
@@ -128,11 +129,16 @@ class Ansatz:
         if self.kind == "cycles" and self.t == 1:  # c cycles and f fixed lines: within a cycle ⌊p/2⌋, between two p, …
             c, f = self.k // self.p, self.k % self.p
             return c * (self.p // 2) + self.p * c * (c - 1) // 2 + c * f + f * (f - 1) // 2
-        return pair_orbits(self.k, self.generators())[1]
+        return self.orbits()[1]
 
     def orbits(self) -> Tuple[np.ndarray, int]:
-        """(labels, n): labels[i, j] = labels[j, i] the orbit of {i, j} (−1 on the diagonal)."""
-        return pair_orbits(self.k, self.generators())
+        """(labels, n): labels[i, j] = labels[j, i] the orbit of {i, j} (−1 on the diagonal; read-only)."""
+        return _orbits_of(self)
+
+
+@functools.lru_cache(maxsize=32)
+def _orbits_of(ansatz: Ansatz) -> Tuple[np.ndarray, int]:
+    return pair_orbits(ansatz.k, ansatz.generators())
 
 
 def _unital_generators(q: int, t: int) -> List[np.ndarray]:
@@ -178,23 +184,25 @@ def pair_orbits(k: int, generators: List[np.ndarray]) -> Tuple[np.ndarray, int]:
     Returns (labels, n): labels[i, j] = labels[j, i] the orbit of {i, j}, numbered by first pair in
     row-major order (−1 on the diagonal); n the number of orbits.
     """
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
     iu, ju = np.triu_indices(k, 1)
-    pairs = len(iu)
     index = np.full((k, k), -1, dtype=np.int64)
-    index[iu, ju] = index[ju, iu] = np.arange(pairs)
-    tail = np.concatenate([np.arange(pairs)] * len(generators)) if generators else np.zeros(0, np.int64)
-    head = np.concatenate([index[g[iu], g[ju]] for g in generators]) if generators else np.zeros(0, np.int64)
-    graph = coo_matrix((np.ones(len(tail)), (tail, head)), shape=(pairs, pairs))
-    n, comp = connected_components(graph, directed=False)
-    _, first = np.unique(comp, return_index=True)  # each orbit's first pair
-    rank = np.empty(n, dtype=np.int64)
-    rank[np.argsort(first)] = np.arange(n)
+    index[iu, ju] = index[ju, iu] = np.arange(len(iu))
+    images = [index[g[iu], g[ju]] for g in generators]  # each generator as a permutation of the pairs
+    comp = np.arange(len(iu))  # each pair's least pair index found in its orbit so far
+    while True:  # the least label spreads along every generator, both ways, and by pointer jumping
+        new = comp.copy()
+        for h in images:
+            np.minimum(new, comp[h], out=new)
+            new[h] = np.minimum(new[h], comp)
+        new = new[new]
+        if np.array_equal(new, comp):
+            break
+        comp = new
+    first, comp = np.unique(comp, return_inverse=True)  # the orbits by their least pair: row-major order
     labels = np.full((k, k), -1, dtype=np.int64)
-    labels[iu, ju] = labels[ju, iu] = rank[comp]
-    return labels, int(n)
+    labels[iu, ju] = labels[ju, iu] = comp
+    labels.setflags(write=False)
+    return labels, len(first)
 
 
 def symmetry_orbits(k: int, p: int) -> Tuple[np.ndarray, int]:
