@@ -8,7 +8,8 @@ capacity formulas to ε*.
 
 The modules, each importing only those above it in this list:
 
-- ``result`` (``PackingResult``, ``default_lr``, ``default_p``) and ``memory`` (the memory check);
+- ``result`` (``PackingResult``, ``default_lr``, ``default_p``), ``memory`` (the memory check) and
+  ``ansatz`` (the symmetry ansätze of the equiangular-frame search);
 - ``projection`` (alternating projection) and ``search`` (the equiangular-frame search);
 - ``methods`` (the optimizers and their settings);
 - ``polish`` (the polishes after a method);

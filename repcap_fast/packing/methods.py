@@ -29,7 +29,8 @@ Methods (``METHODS``):
 * ``"equiangular-search"``: a combinatorial search for the Seidel sign matrix of a real equiangular
   tight frame (``repcap_fast.packing.search``): where it succeeds, ε* is the Welch bound to rounding.
   Only for the (k, d) where such a frame can exist, k ≤ ``packing.search.MAX_K``; a step evaluates
-  one sign matrix (and flips a sign), and the search stops at the first frame. No p, p_start or lr.
+  one sign matrix (and flips the signs of one orbit of pairs), and the search stops at the first
+  frame; its default steps depend on k (``packing.search.default_steps``). No p, p_start or lr.
 
 The active-set polish (any method, ``polish_steps`` > 0): sequential linear programming on the
 pairs near the maximum. Each step linearizes ĝ_ij(x + δ) ≈ ĝ_ij + x̂_j·δ_i + x̂_i·δ_j for the pairs
