@@ -259,8 +259,8 @@ def portfolio(k: int) -> List[Ansatz]:
 class _Orbits:
     """The structure of an ansatz's orbits, for the change of F that flipping each orbit makes.
 
-    Per orbit o: its pairs (i, j), i < j; R_o, the distinct lines its pairs touch (padded with k);
-    and on R_o × R_o the orbit's indicator B_o and its square B_o². Flipping orbit o with signs x_o changes S by
+    Per orbit o: its pairs (i, j), i < j; R_o, the distinct lines its pairs touch; and on R_o × R_o
+    the orbit's indicator B_o and its square B_o². Flipping orbit o with signs x_o changes S by
     D = c·B_o, c = −2x_o, and M = S² − aS − bI by ΔM = c(SB + BS) + c²B² − acB: rows and columns
     R_o only. With Q = MS (M and S commute, so Q is symmetric) and Y = SB (nonzero in columns R_o),
 
@@ -269,8 +269,10 @@ class _Orbits:
         ‖ΔM‖² = c²(2‖Y‖² + 2 tr(Y²)) + 4c⟨Yᵀ, E⟩_R + ‖E‖²_R,   E = c²B² − acB on R × R,
 
     all from O(m·k + r²) numbers for an orbit of m pairs on r ≤ 2m lines (Y: one row of S added per
-    line of each pair), so O(k³) for every orbit together, instead of the k³ of forming each flipped
-    S² (``deltas``).
+    line of each pair), so O(k³ + Σ r²) for every orbit together, instead of the k³ of forming each
+    flipped S² (``deltas``). The orbits are evaluated in chunks of similar r and m, each padded to
+    its own largest (the padding line k: a zero row and column), so the table holds about Σ r²
+    numbers, not n·max r².
     """
 
     def __init__(self, labels: np.ndarray, n: int):
@@ -278,42 +280,59 @@ class _Orbits:
         ii, jj = np.nonzero(np.triu(labels >= 0, 1))
         orbit = labels[ii, jj]
         order = np.argsort(orbit, kind="stable")
-        ii, jj, orbit = ii[order], jj[order], orbit[order]
-        sizes = np.bincount(orbit, minlength=n)
-        m_max = int(sizes.max())
-        slot = np.arange(len(orbit)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        self.flat_i, self.flat_j, self.flat_o = ii[order], jj[order], orbit[order]  # the pairs by orbit
+        sizes = np.bincount(self.flat_o, minlength=n)
+        self.ends = np.cumsum(sizes)
+        self.starts = self.ends - sizes
         self.k, self.n = k, n
-        self.pairs_i = np.full((n, m_max), k, dtype=np.int64)  # padded with k: a zero row and column
-        self.pairs_j = np.full((n, m_max), k, dtype=np.int64)
-        self.pairs_i[orbit, slot], self.pairs_j[orbit, slot] = ii, jj
-        starts = np.cumsum(sizes) - sizes
-        spans = [(ii[s0:s0 + m].tolist(), jj[s0:s0 + m].tolist()) for s0, m in zip(starts.tolist(), sizes.tolist())]
+        spans = [(self.flat_i[s0:s0 + m].tolist(), self.flat_j[s0:s0 + m].tolist())
+                 for s0, m in zip(self.starts.tolist(), sizes.tolist())]
         lines = [sorted(set(pi) | set(pj)) for pi, pj in spans]
-        r_max = max(len(r) for r in lines)
-        self.lines = np.full((n, r_max), k, dtype=np.int64)
-        b = np.zeros((n, r_max, r_max))
-        self.where_i = np.full((n, m_max), r_max, dtype=np.int64)  # each pair's lines' places in R (r_max: padding)
-        self.where_j = np.full((n, m_max), r_max, dtype=np.int64)
-        for o, (pi, pj) in enumerate(spans):
-            where = {line: r for r, line in enumerate(lines[o])}
-            self.lines[o, :len(lines[o])] = lines[o]
-            ri, rj = [where[i] for i in pi], [where[j] for j in pj]
-            b[o, ri, rj] = b[o, rj, ri] = 1.0
-            self.where_i[o, :len(ri)], self.where_j[o, :len(rj)] = ri, rj
-        self.b = torch.from_numpy(b)
-        self.b2 = torch.from_numpy(np.einsum("nrt,nts->nrs", b, b))  # B² on R × R (B is zero off R)
-        self.chunk = max(1, (1 << 22) // max(1, (max(r_max, m_max) + 1) * (k + 1)))  # ~32 MiB of gathered rows
+        r_of = np.array([len(r) for r in lines])
+        self.chunks = []
+        by_size = np.lexsort((sizes, r_of))  # similar orbits together: little padding
+        lo = 0
+        while lo < n:
+            hi = lo + 1  # grow while the chunk's padded rows stay under ~32 MiB
+            while hi < n and (hi + 1 - lo) * (max(r_of[by_size[hi]], sizes[by_size[hi]]) + 1) * (k + 1) <= 1 << 22:
+                hi += 1
+            self.chunks.append(self._chunk(by_size[lo:hi], spans, lines))
+            lo = hi
+        self.nbytes = sum(v.numel() * v.element_size() for ch in self.chunks for v in ch.values())
         self._basis = None  # the orbits' indicators, n×k×k, built for the dense evaluation only
         self._eye = torch.eye(k, dtype=torch.float64)
         self._pair_cache: dict = {}  # orbit → its pairs as index tensors, for the moves made
         self.dense = n * k**3 <= DENSE_WORK  # small: every flipped S² at once (batched GEMMs)
 
+    def _chunk(self, ids: np.ndarray, spans, lines) -> dict:
+        k = self.k
+        m_c = max(len(spans[o][0]) for o in ids)
+        r_c = max(len(lines[o]) for o in ids)
+        h = len(ids)
+        pairs_i, pairs_j = np.full((h, m_c), k, dtype=np.int64), np.full((h, m_c), k, dtype=np.int64)
+        where_i, where_j = np.full((h, m_c), r_c, dtype=np.int64), np.full((h, m_c), r_c, dtype=np.int64)
+        rows = np.full((h, r_c), k, dtype=np.int64)
+        b = np.zeros((h, r_c, r_c))
+        for c, o in enumerate(ids.tolist()):
+            pi, pj = spans[o]
+            where = {line: r for r, line in enumerate(lines[o])}
+            ri, rj = [where[i] for i in pi], [where[j] for j in pj]
+            rows[c, :len(lines[o])] = lines[o]
+            pairs_i[c, :len(pi)], pairs_j[c, :len(pj)] = pi, pj
+            where_i[c, :len(ri)], where_j[c, :len(rj)] = ri, rj
+            b[c, ri, rj] = b[c, rj, ri] = 1.0
+        base = (np.arange(h) * (r_c + 1))[:, None]  # each orbit's block of rows in the flat Y buffer
+        t = torch.from_numpy
+        return {"ids": t(ids.copy()), "pi": t(pairs_i), "pj": t(pairs_j), "lines": t(rows),
+                "yi": t((base + where_i).ravel()), "yj": t((base + where_j).ravel()), "b": t(b),
+                "b2": torch.bmm(t(b), t(b))}  # B² on R × R (B is zero off R)
+
     def signs(self, x: torch.Tensor) -> torch.Tensor:
         """S for the orbit signs x."""
-        S = torch.zeros(self.k + 1, self.k + 1, dtype=torch.float64)
-        i, j = torch.from_numpy(self.pairs_i), torch.from_numpy(self.pairs_j)
-        S[i, j] = S[j, i] = x[:, None].expand(-1, i.shape[1])
-        return S[:self.k, :self.k].clone()
+        S = torch.zeros(self.k, self.k, dtype=torch.float64)
+        i, j = torch.from_numpy(self.flat_i), torch.from_numpy(self.flat_j)
+        S[i, j] = S[j, i] = x[torch.from_numpy(self.flat_o)]
+        return S
 
     def flip(self, S: torch.Tensor, x: torch.Tensor, o: int) -> torch.Tensor:
         """S with the signs of orbit o flipped (a new tensor)."""
@@ -324,19 +343,18 @@ class _Orbits:
 
     def _pairs_of(self, o: int) -> Tuple[torch.Tensor, torch.Tensor]:
         if o not in self._pair_cache:
-            keep = self.pairs_i[o] < self.k
-            self._pair_cache[o] = (torch.from_numpy(self.pairs_i[o][keep]), torch.from_numpy(self.pairs_j[o][keep]))
+            s0, s1 = int(self.starts[o]), int(self.ends[o])
+            self._pair_cache[o] = (torch.from_numpy(self.flat_i[s0:s1]), torch.from_numpy(self.flat_j[s0:s1]))
         return self._pair_cache[o]
 
     def flipped_f(self, S: torch.Tensor, M: torch.Tensor, F: float, x: torch.Tensor, a: int, b: int) -> np.ndarray:
         """F of S with each orbit flipped: exact integers in float64."""
         if self.dense:
             if self._basis is None:
-                basis = torch.zeros(self.n, self.k + 1, self.k + 1, dtype=torch.float64)
-                rows = torch.arange(self.n)[:, None].expand(-1, self.pairs_i.shape[1])
-                i, j = torch.from_numpy(self.pairs_i), torch.from_numpy(self.pairs_j)
-                basis[rows, i, j] = basis[rows, j, i] = 1.0
-                self._basis = basis[:, :self.k, :self.k].contiguous()
+                basis = torch.zeros(self.n, self.k, self.k, dtype=torch.float64)
+                o, i, j = (torch.from_numpy(v) for v in (self.flat_o, self.flat_i, self.flat_j))
+                basis[o, i, j] = basis[o, j, i] = 1.0
+                self._basis = basis
             flipped = S[None] - 2.0 * x[:, None, None] * self._basis
             Mf = flipped @ flipped - a * flipped - b * self._eye
             return (Mf * Mf).sum((1, 2)).numpy()
@@ -349,19 +367,15 @@ class _Orbits:
         s_ext, m_ext, q_ext = pad.clone(), pad.clone(), pad.clone()
         s_ext[:k, :k], m_ext[:k, :k], q_ext[:k, :k] = S, M, M @ S
         out = torch.empty(self.n, dtype=torch.float64)
-        for lo in range(0, self.n, self.chunk):
-            hi = min(self.n, lo + self.chunk)
-            c = -2.0 * x[lo:hi, None, None]
-            pi, pj = torch.from_numpy(self.pairs_i[lo:hi]), torch.from_numpy(self.pairs_j[lo:hi])
-            lines = torch.from_numpy(self.lines[lo:hi])
-            b, b2 = self.b[lo:hi], self.b2[lo:hi]
+        for ch in self.chunks:
+            ids, pi, pj, lines, b, b2 = ch["ids"], ch["pi"], ch["pj"], ch["lines"], ch["b"], ch["b2"]
+            h, r1 = lines.shape[0], lines.shape[1] + 1
+            c = -2.0 * x[ids][:, None, None]
             # Y = SB in the columns R: Y[:, i] = Σ over the pairs (i, j) of S[:, j], and the same for j (S
             # symmetric: its rows), one row of S added per line of a pair: O(m·k)
-            h, r1 = hi - lo, lines.shape[1] + 1
-            base = (torch.arange(h) * r1)[:, None]
             y = torch.zeros(h * r1, k + 1, dtype=torch.float64)
-            y.index_add_(0, (base + torch.from_numpy(self.where_i[lo:hi])).flatten(), s_ext[pj.flatten()])
-            y.index_add_(0, (base + torch.from_numpy(self.where_j[lo:hi])).flatten(), s_ext[pi.flatten()])
+            y.index_add_(0, ch["yi"], s_ext[pj.ravel()])
+            y.index_add_(0, ch["yj"], s_ext[pi.ravel()])
             y = y.view(h, r1, k + 1)[:, :-1]  # (orbits, R, k + 1): row r = Y[:, R_r]
             z = torch.gather(y, 2, lines[:, None, :].expand(-1, lines.shape[1], -1))  # z[r, s] = Y[R_s, R_r]
             m_rr = m_ext[lines[:, :, None], lines[:, None, :]]
@@ -373,7 +387,5 @@ class _Orbits:
             tr_y2 = (z * z.transpose(1, 2)).sum((1, 2), keepdim=True)
             norm = c * c * (2 * y_sq + 2 * tr_y2) + 4 * c * (z.transpose(1, 2) * e).sum((1, 2), keepdim=True) \
                 + (e * e).sum((1, 2), keepdim=True)
-            out[lo:hi] = (2 * inner + norm)[:, 0, 0]
+            out[ids] = (2 * inner + norm)[:, 0, 0]
         return out
-
-

@@ -51,8 +51,11 @@ lines it touches), so a move costs O(k³ + Σ r²) in all; where n·k³ is small
 flipped S² is formed instead, the same integers. The F a move predicts is checked against the F
 formed from scratch at the next move. Each step also forms the nearest tight frame (an eigh of
 k×k) to keep the best packing. The search refuses k > MAX_K: on this project's 2-core CPU a move
-took 0.6 ms at k = 36, 6 to 14 ms at k = 126 and 0.09 to 0.12 s at k = 300 (the plain ansatz,
-44,850 single pairs, and 60 5-cycles), building the orbit table at most 0.6 s, once. Without
+took 0.5 ms at k = 36, 6 to 7 ms at k = 126 and 0.09 to 0.1 s at k = 300 (the plain ansatz,
+44,850 single pairs, sixty 5-cycles, one 151-cycle). Memory: an ansatz's orbit table holds about
+Σ r² + Σ m numbers (256 MiB at most at k = 300, for two 149-cycles; 5 MiB for the plain ansatz;
+built in at most 0.7 s), a move gathers at most about 32 MiB of rows, and each process keeps the
+tables of the ansätze it ran last up to ORBIT_CACHE_BYTES (512 MiB), rebuilding the others. Without
 `steps`, the search takes ``default_steps(k)``: about the same wall time at every k.
 """
 
@@ -79,6 +82,7 @@ TENURE_FRACTION = 1 / 6  # a flipped orbit is tabu for the next t − 1 moves, t
 EXHAUSTIVE_BITS = 10  # ansätze of at most this many orbits: every sign pattern, once, before the tabu rounds
 PARALLEL_AFTER_S = 5.0  # slices run in this process for this long; the rest in `workers` processes
 MAX_WORKERS = 8
+ORBIT_CACHE_BYTES = 1 << 29  # the orbit tables a search keeps for its next rounds (rebuilt beyond: ≤ 0.7 s each at k = 300)
 DEFAULT_STEPS = 100_000  # when none are given, up to DEFAULT_STEPS_UP_TO lines (``default_steps``)
 DEFAULT_STEPS_UP_TO = 64
 WORKERS_ENV = "REPCAP_SEARCH_WORKERS"  # the number of processes, overriding the usable cores (1: none)
@@ -273,15 +277,16 @@ class _Job:
         self.k, self.d, self.seed, self.start = k, d, seed, start
         self.mu, lam1, lam2 = seidel_spectrum(k, d)
         self.a, self.b = round(lam1 + lam2), round(-lam1 * lam2)
-        self._orbits: Dict[Ansatz, _Orbits] = {}  # built when first used
+        self._orbits: Dict[Ansatz, _Orbits] = {}  # built when used, kept while they fit ORBIT_CACHE_BYTES
 
     def __getstate__(self):
         return {**self.__dict__, "_orbits": {}}  # a worker builds its own
 
     def run(self, task: _Slice, on_f: Optional[Callable[[float], None]] = None) -> _Outcome:
-        if task.ansatz not in self._orbits:
-            self._orbits[task.ansatz] = _Orbits(*task.ansatz.orbits())
-        orbits = self._orbits[task.ansatz]
+        orbits = self._orbits.pop(task.ansatz, None) or _Orbits(*task.ansatz.orbits())
+        self._orbits[task.ansatz] = orbits  # the most recent last; the oldest go beyond ORBIT_CACHE_BYTES
+        while sum(o.nbytes for o in self._orbits.values()) > ORBIT_CACHE_BYTES and len(self._orbits) > 1:
+            del self._orbits[next(iter(self._orbits))]
         out = _Outcome([], math.inf, None)
 
         def on_move(F: float, S: torch.Tensor) -> bool:
