@@ -33,7 +33,8 @@ def _brute_orbits(k, generators):
 CASES = [Ansatz(36, "cycles", 7), Ansatz(30, "cycles", 5), Ansatz(10, "cycles", 1), Ansatz(12, "cycles", 3),
          Ansatz(9, "cycles", 2), Ansatz(36, "cycles", 5, t=2), Ansatz(23, "cycles", 7, t=3),
          Ansatz(26, "affine", 5, 2, 4), Ansatz(18, "affine", 17, 1, 8), Ansatz(16, "affine", 2, 4),
-         Ansatz(28, "affine", 3, 3, 2), Ansatz(50, "affine", 7, 2, 3), Ansatz(28, "unital", 3), Ansatz(28, "unital", 3, 1, 8),
+         Ansatz(28, "affine", 3, 3, 2), Ansatz(50, "affine", 7, 2, 3), Ansatz(28, "unital", 3),
+         Ansatz(28, "unital", 3, 1, 8),
          Ansatz(126, "unital", 5, 1, 24), Ansatz(126, "unital", 5, 1, 3)]
 
 

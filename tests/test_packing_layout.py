@@ -13,8 +13,8 @@ from repcap_fast import packing
 
 FOLDER = pathlib.Path(packing.__file__).parent
 # bottom to top: a module may import the modules of the layers before its own
-LAYERS = [{"result", "memory", "ansatz"}, {"projection", "search"}, {"methods"}, {"polish"}, {"optimizer"}, {"sweep_file"},
-          {"sweeps"}, {"__init__"}]
+LAYERS = [{"result", "memory", "ansatz"}, {"projection", "search"}, {"methods"}, {"polish"}, {"optimizer"},
+          {"sweep_file"}, {"sweeps"}, {"__init__"}]
 MODULES = sorted(p.stem for p in FOLDER.glob("*.py"))
 MOVED = {"packing_methods": "methods", "packing_result": "result", "packing_memory": "memory",
          "packing_projection": "projection", "packing_search": "search", "packing_polish": "polish",

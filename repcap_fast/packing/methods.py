@@ -163,8 +163,11 @@ def check_sizes(method: str, k: int, d: int, projection_steps: int = 0) -> None:
 
 
 def default_steps(method: str, k: int) -> int:
-    """The steps of `method` when none are given: DEFAULT_STEPS (the paper's 5000), and for
-    "equiangular-search", which stops at the first frame, ``search.default_steps(k)``."""
+    """The steps of `method` when none are given.
+
+    DEFAULT_STEPS (the paper's 5000), and for "equiangular-search", which stops at the first frame,
+    ``search.default_steps(k)``.
+    """
     return search.default_steps(k) if method == "equiangular-search" else DEFAULT_STEPS
 
 

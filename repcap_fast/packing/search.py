@@ -82,17 +82,20 @@ TENURE_FRACTION = 1 / 6  # a flipped orbit is tabu for the next t − 1 moves, t
 EXHAUSTIVE_BITS = 10  # ansätze of at most this many orbits: every sign pattern, once, before the tabu rounds
 PARALLEL_AFTER_S = 5.0  # slices run in this process for this long; the rest in `workers` processes
 MAX_WORKERS = 8
-ORBIT_CACHE_BYTES = 1 << 29  # the orbit tables a search keeps for its next rounds (rebuilt beyond: ≤ 0.7 s each at k = 300)
+ORBIT_CACHE_BYTES = 1 << 29  # the orbit tables a process keeps for later rounds (beyond: rebuilt, ≤ 0.7 s at k = 300)
 DEFAULT_STEPS = 100_000  # when none are given, up to DEFAULT_STEPS_UP_TO lines (``default_steps``)
 DEFAULT_STEPS_UP_TO = 64
 WORKERS_ENV = "REPCAP_SEARCH_WORKERS"  # the number of processes, overriding the usable cores (1: none)
 
 
 def default_steps(k: int) -> int:
-    """The steps of the search when none are given: DEFAULT_STEPS up to DEFAULT_STEPS_UP_TO lines, then
-    fewer as k³ grows (a move costs about k³), DEFAULT_STEPS·(DEFAULT_STEPS_UP_TO/k)³ rounded up: about
-    the same wall time at every k, a few minutes on this project's 2-core CPU when no frame is found.
-    The search stops at the first frame, so these are at most the steps it takes."""
+    """The steps of the search when none are given.
+
+    DEFAULT_STEPS up to DEFAULT_STEPS_UP_TO lines, then fewer as k³ grows (a move costs about k³),
+    DEFAULT_STEPS·(DEFAULT_STEPS_UP_TO/k)³ rounded up: about the same wall time at every k, a few
+    minutes on this project's 2-core CPU when no frame is found. The search stops at the first
+    frame, so these are at most the steps it takes.
+    """
     return min(DEFAULT_STEPS, math.ceil(DEFAULT_STEPS * (DEFAULT_STEPS_UP_TO / k) ** 3))
 
 
@@ -152,8 +155,10 @@ def check_size(k: int, d: int) -> None:
 
 
 def workers() -> int:
-    """The processes the search's slices run in: $REPCAP_SEARCH_WORKERS, else the usable cores (at most
-    MAX_WORKERS) on Linux, else 1. The result does not depend on it."""
+    """The processes the search's slices run in (the result does not depend on it).
+
+    $REPCAP_SEARCH_WORKERS, else the usable cores (at most MAX_WORKERS) on Linux, else 1.
+    """
     env = os.environ.get(WORKERS_ENV)
     if env is not None:
         try:
@@ -209,8 +214,10 @@ def _tabu(orbits: _Orbits, a: int, b: int, moves: int, rng: np.random.Generator,
 
 def _exhaust(orbits: _Orbits, a: int, b: int, rng: np.random.Generator,
              on_move: Callable[[float, torch.Tensor], bool]) -> None:
-    """Every one of the 2^n orbit sign patterns, from a random one in Gray-code order (one orbit flipped
-    a step), stopping at F = 0; on_move as for ``_tabu``."""
+    """Every one of the 2^n orbit sign patterns, stopping at F = 0.
+
+    From a random pattern, in Gray-code order (one orbit flipped a step); on_move as for ``_tabu``.
+    """
     k, n = orbits.k, orbits.n
     x = torch.from_numpy(rng.choice([-1.0, 1.0], n))
     S = orbits.signs(x)
