@@ -6,12 +6,13 @@ the icosahedron's 6, the conference-matrix frames (2d lines in R^d for d = 5, 7,
 Paley frames d = 19, 21, 25, 27, 31), 16 in R^6, 28 in R^7, 36 in R^15, 126 in R^21 (Lemmens and
 Seidel 1973) and the Naimark complements (28, 21), (36, 21), (126, 105); the simplices (d + 1
 lines in R^d, coherence 1/d); and 5 lines in R^3, whose optimum 1/√5 (five of the icosahedron's
-six) lies above its Welch bound. For each case and seed: the paper's method, "minimax", "minimax+projection" (minimax, then as many steps of the
-alternating-projection polish: ``projection_steps``) and "alternating-projection" (with --restarts
-starts per seed), and "equiangular-search" (the sign-matrix search, --search-steps moves at most,
-by default its own default for k; it refuses the cases where no real ETF can exist, or k > 300, and
-the file says so), ε* − optimum and the wall time of each run; a case is reached by a method on a
-seed when ε* − optimum < 1e-4 (issue 36's target: every listed ETF on at least 2 of 3 seeds, under 2
+six) lies above its Welch bound. For each case and seed: the paper's method, "minimax",
+"minimax+projection" (minimax, then as many steps of the alternating-projection polish:
+``projection_steps``) and "alternating-projection" (with --restarts starts per seed), and
+"equiangular-search" (the sign-matrix search, --search-steps moves at most, by default its own
+default for k; it refuses the cases where no real ETF can exist, or k > 300, and the file says so),
+ε* − optimum and the wall time of each run; a case is reached by a method on a seed when ε* −
+optimum < 1e-4 (issue 36's target: every listed ETF on at least 2 of 3 seeds, under 2
 minutes each), and the file also counts the runs within 1e-12 (issue 50's target for the search).
 
     python bench/packing_known_optima.py --out bench/results/packing_known_optima_cpu.json
