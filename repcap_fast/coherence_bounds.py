@@ -253,6 +253,9 @@ def _welch_orders(k, d, max_order) -> np.ndarray:
         raise ValueError(f"max_order={max_order} would need the Welch bounds of {count} orders for k={k.max():g}, "
                          f"d={d.min():g} (each order below that can still raise the bound); at most "
                          f"{MAX_WELCH_ORDERS} are evaluated: pass max_order <= {MAX_WELCH_ORDERS}")
+    if k.ndim == 0:  # one (k, d): each order as welch_bound computes it for one (k, d) (an array's power may
+        # round its last bit otherwise, and the floor must be at least every bound it combines, as given)
+        return np.array([welch_bound(float(k), float(d), t) for t in range(1, count + 1)])
     orders = np.arange(1.0, count + 1.0).reshape((count,) + (1,) * k.ndim)
     return np.asarray(welch_bound(k, d, orders))
 

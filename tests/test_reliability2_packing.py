@@ -81,7 +81,8 @@ INT_ARGS = {
 }
 P_ARGS = {"penalty.p", "block.p", "optimize.p"}  # p also takes integral reals (8.0), as check_p does
 REAL_INTS = P_ARGS | {"capacity_table.d", "capacity_table.vocab"}
-NONE_MEANS_DEFAULT = {"capacity_table.vocab", "optimize.p", "optimize.p_start", "optimize.polish_steps", "optimize.lr"}
+NONE_MEANS_DEFAULT = {"capacity_table.vocab", "optimize.p", "optimize.p_start", "optimize.polish_steps", "optimize.lr",
+                      "optimize.steps"}
 
 
 def _result(out):
