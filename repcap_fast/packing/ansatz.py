@@ -294,24 +294,36 @@ class _Orbits:
         self.ends = np.cumsum(sizes)
         self.starts = self.ends - sizes
         self.k, self.n = k, n
-        spans = [(self.flat_i[s0:s0 + m].tolist(), self.flat_j[s0:s0 + m].tolist())
-                 for s0, m in zip(self.starts.tolist(), sizes.tolist())]
-        lines = [sorted(set(pi) | set(pj)) for pi, pj in spans]
-        r_of = np.array([len(r) for r in lines])
-        self.chunks = []
-        by_size = np.lexsort((sizes, r_of))  # similar orbits together: little padding
-        lo = 0
-        while lo < n:
-            hi = lo + 1  # grow while the chunk's padded rows stay under ~32 MiB
-            while hi < n and (hi + 1 - lo) * (max(r_of[by_size[hi]], sizes[by_size[hi]]) + 1) * (k + 1) <= 1 << 22:
-                hi += 1
-            self.chunks.append(self._chunk(by_size[lo:hi], spans, lines))
-            lo = hi
-        self.nbytes = sum(v.numel() * v.element_size() for ch in self.chunks for v in ch.values())
+        self._sizes = sizes
+        self._chunks = None  # built on the first ``deltas`` (the dense evaluation and the enumeration need none)
         self._basis = None  # the orbits' indicators, n×k×k, built for the dense evaluation only
         self._eye = torch.eye(k, dtype=torch.float64)
         self._pair_cache: dict = {}  # orbit → its pairs as index tensors, for the moves made
         self.dense = n * k**3 <= DENSE_WORK  # small: every flipped S² at once (batched GEMMs)
+
+    @property
+    def chunks(self) -> List[dict]:
+        """The orbits in chunks of similar r and m, each padded to its own largest (class docstring)."""
+        if self._chunks is None:
+            k, n, sizes = self.k, self.n, self._sizes
+            spans = [(self.flat_i[s0:s0 + m].tolist(), self.flat_j[s0:s0 + m].tolist())
+                     for s0, m in zip(self.starts.tolist(), sizes.tolist())]
+            lines = [sorted(set(pi) | set(pj)) for pi, pj in spans]
+            r_of = np.array([len(r) for r in lines])
+            by_size = np.lexsort((sizes, r_of))  # similar orbits together: little padding
+            self._chunks, lo = [], 0
+            while lo < n:
+                hi = lo + 1  # grow while the chunk's padded rows stay under ~32 MiB
+                while hi < n and (hi + 1 - lo) * (max(r_of[by_size[hi]], sizes[by_size[hi]]) + 1) * (k + 1) <= 1 << 22:
+                    hi += 1
+                self._chunks.append(self._chunk(by_size[lo:hi], spans, lines))
+                lo = hi
+        return self._chunks
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the chunks built so far."""
+        return sum(v.numel() * v.element_size() for ch in self._chunks or [] for v in ch.values())
 
     def _chunk(self, ids: np.ndarray, spans, lines) -> dict:
         k = self.k
