@@ -31,8 +31,9 @@ portfolio of ansätze, in slices:
 
 until a slice reaches F = 0 or the `steps` steps are spent. Slice j draws its random numbers from
 numpy's default_rng([seed, j]) and uses exactly its moves unless it finds a frame, so each slice's
-first step is known in advance: slices run in parallel processes where the machine has cores to
-spare (``workers``; forked, Linux), and the result for a seed is the same for any number of them.
+first step is known in advance: after PARALLEL_AFTER_S seconds in this process, the slices run in
+parallel processes where the machine has cores to spare (``workers``; forked, Linux), and the
+result for a seed is the same for any number of them.
 The frames this reaches and how many steps and seconds they took on this project's CPU:
 docs/internals/packing.md.
 
