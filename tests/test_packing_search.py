@@ -162,6 +162,13 @@ def test_the_schedule():
     short = list(packing_search.schedule(50, 4000))
     assert short[:-1] == slices[:len(short) - 1] and short[-1].ansatz == slices[len(short) - 1].ansatz
     assert short[-1].moves <= slices[len(short) - 1].moves
+    # the ansätze that fix at most one line first, each round; the others from round LATER_BY, with shorter slices
+    tabu = [s for s in packing_search.schedule(36, 100_000) if s.kind == "tabu"]
+    first = sum(1 for a in ansatz.portfolio(36) if a.size() > packing_search.EXHAUSTIVE_BITS and a.fixed <= 1)
+    base, later = packing_search.BASE_SLICE, packing_search.LATER_BY
+    assert first and all(s.ansatz.fixed <= 1 for s in tabu[:(later + 1) * first])
+    assert [s.moves for s in tabu[:(later + 1) * first:first]] == [base << r for r in range(later + 1)]
+    assert tabu[(later + 1) * first].ansatz.fixed > 1 and tabu[(later + 1) * first].moves == base
 
 
 def test_the_workers_do_not_change_the_search(monkeypatch):
