@@ -139,3 +139,8 @@ def test_the_portfolio():
     assert sorted(unital) == [1, 2, 3, 4, 6, 8, 12, 24] and not [a for a in ansatz.portfolio(65) if a.kind == "unital"]
     labels = [a.orbits()[0].tobytes() for a in ansatz.portfolio(50)]
     assert len(set(labels)) == len(labels)  # no ansatz twice
+
+
+def test_an_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="kind must be one of .*got 'cycle'"):
+        Ansatz(10, "cycle", 3)

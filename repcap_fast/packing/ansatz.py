@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 DENSE_WORK = 1 << 21  # n·k³ up to this: every flip's F from its S² at once (faster at small k than the deltas)
+KINDS = ("cycles", "affine", "unital")
 PORTFOLIO_REORDER_ABOVE = 64  # above this k the cycles without fixed points come before the plain ansatz
 
 
@@ -77,6 +78,10 @@ class Ansatz:
     p: int
     e: int = 1
     t: int = 1
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
 
     @property
     def name(self) -> str:
@@ -242,6 +247,12 @@ def portfolio(k: int) -> List[Ansatz]:
     for p in cycles:
         out += [Ansatz(k, "cycles", p)] + ([Ansatz(k, "cycles", p, t=2)] if p >= 5 and k // p >= 2 else [])
     seen, affine = set(), []
+
+    def add(ansatz: Ansatz) -> None:  # unless an earlier one has the same orbits
+        labels = ansatz.orbits()[0].tobytes()
+        if labels not in seen:
+            seen.add(labels)
+            affine.append(ansatz)
     for q in (k, k - 1):
         p, e = prime_power(q)
         if q < 3 or not p:
@@ -249,19 +260,11 @@ def portfolio(k: int) -> List[Ansatz]:
         for t in (t for t in range(1, p) if (p - 1) % t == 0):
             if e == 1 and t <= 2:  # the translations of Z_p (and x ↦ −x, which keeps every pair's orbit): p-cycles
                 continue
-            ansatz = Ansatz(k, "affine", p, e, t)
-            labels = ansatz.orbits()[0].tobytes()
-            if labels not in seen:
-                seen.add(labels)
-                affine.append(ansatz)
+            add(Ansatz(k, "affine", p, e, t))
     p, e = prime_power(k - 1)
     if e == 3 and p % 2:  # k = q³ + 1, q an odd prime: the unital's point stabilizer
         for t in (t for t in range(1, p * p) if (p * p - 1) % t == 0):
-            ansatz = Ansatz(k, "unital", p, 1, t)
-            labels = ansatz.orbits()[0].tobytes()
-            if labels not in seen:
-                seen.add(labels)
-                affine.append(ansatz)
+            add(Ansatz(k, "unital", p, 1, t))
     return out + sorted(affine, key=lambda a: a.size())
 
 
