@@ -6,22 +6,14 @@ simulation and Subspace PGA on C++ CPU, Triton and CUDA kernels; real models off
 The three ops are in repcap_fast.ops, one module each. See README.md and DESIGN.md.
 """
 
+import importlib as _importlib
 import logging as _logging
 
-from . import (
-    _ops,  # noqa: F401  loads repcap_fast._C (the ops) and registers their fake kernels
-    capacity,
-    fitting,
-    models,
-    packing,
-    pga,
-    report,
-)
+from . import _ops  # noqa: F401  loads repcap_fast._C (the ops) and registers their fake kernels
 from ._backends import info
 from ._deprecated import moved_modules as _moved_modules
-from ._deprecated import moved_names
+from ._deprecated import moved_names as _moved_names
 from ._version import __version__
-from .models import hidden_states, load_embeddings
 from .ops.gram_offdiag_penalty import (
     gram_offdiag_log_penalty,
     gram_offdiag_max,
@@ -32,6 +24,29 @@ from .ops.gram_offdiag_penalty import (
 from .ops.pairwise_cosine_stats import CosineMoments, CosineStats, cosine_moments, epsilon, pairwise_cosine_stats
 from .ops.pairwise_cosine_stats_sharded import pairwise_cosine_stats_sharded
 from .ops.subspace_pga import PGAResult, subspace_pga
+
+# Imported on first use (PEP 562), so that `import repcap_fast` costs little more than `import torch`:
+# the submodules below pull in numpy-heavy analyses, the model readers (transformers), plotting
+# (matplotlib) and the report. tests/test_startup.py lists what the import must not load.
+_LAZY_SUBMODULES = ("capacity", "fitting", "models", "monitor", "packing", "pga", "plotting", "report")
+_LAZY_NAMES = {"hidden_states": "models", "load_embeddings": "models", "RepresentationMonitor": "monitor"}
+# Renamed: gram_offdiag_rows -> gram_offdiag_row_stats (deprecated, removed in the next release).
+_deprecated_getattr = _moved_names(__name__, {"gram_offdiag_rows": ("repcap_fast", "gram_offdiag_row_stats")})
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")  # the import binds it in globals()
+    if name in _LAZY_NAMES:
+        value = getattr(_importlib.import_module(f"{__name__}.{_LAZY_NAMES[name]}"), name)
+        globals()[name] = value
+        return value
+    return _deprecated_getattr(name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
 
 # Library code never prints: it logs on the "repcap_fast" logger (and its children) and warns.
 # Without a handler configured by the application, INFO lines go nowhere; `repcap` prints them.
@@ -50,15 +65,13 @@ _moved_modules({
     "repcap_fast.sweep_file": "repcap_fast.packing.sweep_file",
 })
 
-# Renamed: gram_offdiag_rows -> gram_offdiag_row_stats (deprecated, removed in the next release).
-__getattr__ = moved_names(__name__, {"gram_offdiag_rows": ("repcap_fast", "gram_offdiag_row_stats")})
-
 
 __all__ = [
     "__version__",
     "CosineMoments",
     "CosineStats",
     "PGAResult",
+    "RepresentationMonitor",
     "capacity",
     "cosine_moments",
     "epsilon",
@@ -72,10 +85,12 @@ __all__ = [
     "info",
     "load_embeddings",
     "models",
+    "monitor",
     "packing",
     "pairwise_cosine_stats",
     "pairwise_cosine_stats_sharded",
     "pga",
+    "plotting",
     "report",
     "subspace_pga",
 ]

@@ -63,8 +63,48 @@ def eager_only(fn: Callable) -> Callable:
     """Decorator of the analysis ops' public functions (host results, progress bars, data checks
     that read values): inside torch.compile they run eagerly, as they are, and the graph breaks
     cleanly at the call instead of tracing into them. The penalty's ops, which training steps
-    compile, are custom ops instead (repcap_fast/ops/gram_offdiag_penalty.py)."""
-    return torch.compiler.disable(fn, recursive=True)
+    compile, are custom ops instead (repcap_fast/ops/gram_offdiag_penalty.py).
+
+    The same as ``torch.compiler.disable(fn, recursive=True)``, built from the C primitives that
+    it uses so that importing repcap_fast does not import torch._dynamo (1.8 s): the wrapper
+    carries the attributes by which Dynamo refuses to inline a disabled function (a clean graph
+    break at the call), its own frame is marked "skip" for Dynamo's frame evaluation, and it runs
+    `fn` with the frame evaluation callback cleared, so nothing inside `fn` is traced. Where
+    torch lacks those primitives, it falls back to ``torch.compiler.disable``.
+    """
+    if _frame_eval is None:
+        return torch.compiler.disable(fn, recursive=True)
+    set_eval_frame = _frame_eval.set_eval_frame
+
+    @functools.wraps(fn)
+    def eager(*args, **kwargs):
+        prior = set_eval_frame(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            set_eval_frame(prior)
+
+    eager._torchdynamo_disable = True
+    eager._torchdynamo_disable_msg = "repcap_fast analysis ops run eagerly"
+    eager._torchdynamo_disable_recursive = True
+    eager._torchdynamo_orig_callable = fn
+    eager._torchdynamo_wrapper_id = id(eager)
+    _frame_eval.set_code_exec_strategy(
+        eager.__code__, _frame_eval._FrameExecStrategy(_frame_eval._FrameAction.SKIP, _frame_eval._FrameAction.DEFAULT))
+    return eager
+
+
+def _frame_eval_primitives():
+    """torch._C._dynamo.eval_frame where it has what eager_only needs (torch >= 2.6), else None."""
+    try:
+        from torch._C._dynamo import eval_frame
+    except ImportError:  # pragma: no cover - a torch without Dynamo's C part
+        return None
+    names = ("set_eval_frame", "set_code_exec_strategy", "_FrameExecStrategy", "_FrameAction")
+    return eval_frame if all(hasattr(eval_frame, n) for n in names) else None
+
+
+_frame_eval = _frame_eval_primitives()
 
 
 def register_kernel(op: str, *backends: str):

@@ -315,6 +315,44 @@ def test_subspace_pga_inside_compiled_code_gives_the_eager_result():
     assert torch.compile(analysis)(H) == analysis(H)
 
 
+def _compile_counts(op, x):
+    """(graphs, frames, graph breaks) that torch.compile makes of a step calling `op`."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+    def step(x):
+        y = x * 2
+        return y.sum() + op(y, bins=16, progress=False).mean
+
+    got = torch.compile(step, backend="eager")(x)
+    assert got == step(x)
+    return counters["stats"]["unique_graphs"], counters["frames"]["total"], sum(counters["graph_break"].values())
+
+
+def test_an_analysis_op_breaks_the_graph_once_as_torch_compiler_disable_does():
+    # eager_only is torch.compiler.disable built without importing torch._dynamo: the same graphs,
+    # frames and single graph break, and nothing inside the op traced
+    from repcap_fast.ops import pairwise_cosine_stats as module
+
+    disabled = torch.compiler.disable(module.pairwise_cosine_stats.__wrapped__, recursive=True)
+    x = inputs(50, 8)
+    ours, torchs = _compile_counts(rf.pairwise_cosine_stats, x), _compile_counts(disabled, x)
+    assert ours == torchs and ours[2] == 1
+
+
+def test_eager_only_falls_back_to_torch_compiler_disable_without_the_frame_primitives(monkeypatch):
+    from repcap_fast import _backends
+
+    def fn(x):
+        return x + 1
+
+    monkeypatch.setattr(_backends, "_frame_eval", None)
+    wrapped = _backends.eager_only(fn)
+    assert wrapped._torchdynamo_disable and wrapped(torch.ones(2)).tolist() == [2.0, 2.0]
+
+
 # ------------------------------------------------------------------------ GPU: CUDA graphs
 
 
