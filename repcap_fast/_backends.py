@@ -94,6 +94,28 @@ def eager_only(fn: Callable) -> Callable:
     return eager
 
 
+def custom_op(name: str, *, mutates_args) -> Callable[[Callable], Callable]:
+    """``torch.library.custom_op(name, mutates_args=...)``, whose first call does not import torch._dynamo.
+
+    torch wraps each implementation of a custom op in ``torch._disable_dynamo``, which imports
+    torch._dynamo (1.8 s) at the op's first call and keeps ``torch._dynamo.disable(impl)`` on the
+    implementation as ``__dynamo_disable``. Here that attribute is set in advance to ``eager_only``
+    of it, the same thing built without the import; where torch's wrapper is not found as
+    expected, the op is left as torch made it (its first call then imports torch._dynamo).
+    """
+
+    def define(fn: Callable) -> Callable:
+        op = torch.library.custom_op(name, mutates_args=mutates_args)(fn)
+        if _frame_eval is not None:
+            for impl in getattr(op, "_backend_fns", {}).values():
+                inner = getattr(impl, "__wrapped__", None)
+                if callable(inner) and not hasattr(inner, "__dynamo_disable"):
+                    setattr(inner, "__dynamo_disable", eager_only(inner))
+        return op
+
+    return define
+
+
 def _frame_eval_primitives():
     """torch._C._dynamo.eval_frame where it has what eager_only needs (torch >= 2.6), else None."""
     try:

@@ -18,14 +18,14 @@ import torch
 from torch.fx.node import has_side_effect
 
 from .. import _validation as val
-from .._backends import BackendUnavailableError
+from .._backends import BackendUnavailableError, custom_op
 
 # The exception types a check raises, by name (the op's schema carries a string).
 _KINDS = {cls.__name__: cls for cls in (ValueError, TypeError, RuntimeError, val.ArgumentTypeError,
                                         BackendUnavailableError)}
 
 
-@torch.library.custom_op("repcap_fast::argument_error", mutates_args=())
+@custom_op("repcap_fast::argument_error", mutates_args=())
 def _argument_error(kind: str, message: str) -> torch.Tensor:
     """Raises the exception named `kind` (ValueError, TypeError, ...) with `message`."""
     raise _KINDS.get(kind, ValueError)(message)

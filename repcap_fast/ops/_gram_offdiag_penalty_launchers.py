@@ -12,7 +12,7 @@ from typing import Tuple
 
 import torch
 
-from .._backends import cublas_precision, precision_code, register_kernel, triton_kernels
+from .._backends import cublas_precision, custom_op, precision_code, register_kernel, triton_kernels
 from .._ops import gram_offdiag_penalty_rows_fake
 
 Tensor = torch.Tensor
@@ -37,7 +37,7 @@ def _gram_offdiag_penalty_triton(q, x, row_offset, p, with_grad, precision):
     return torch.ops.repcap_fast.gram_offdiag_penalty_rows_triton(q, x, row_offset, p, with_grad, precision)
 
 
-@torch.library.custom_op("repcap_fast::gram_offdiag_penalty_rows_triton", mutates_args=())
+@custom_op("repcap_fast::gram_offdiag_penalty_rows_triton", mutates_args=())
 def _gram_offdiag_penalty_rows_triton(q: Tensor, x: Tensor, row_offset: int, p: int, with_grad: bool,
                                       precision: str) -> Tuple[Tensor, Tensor, Tensor]:
     """The Triton kernels as a custom op.

@@ -38,6 +38,7 @@ from .. import _validation as val
 from .._backends import (
     PENALTY_PRECISIONS,
     check_precision,
+    custom_op,
     launcher,
     resolve_backend,
 )
@@ -237,7 +238,7 @@ def _resolves_to_torch(backend, device) -> bool:
         return False
 
 
-@torch.library.custom_op("repcap_fast::gram_offdiag_penalty", mutates_args=())
+@custom_op("repcap_fast::gram_offdiag_penalty", mutates_args=())
 def _gram_offdiag_penalty_op(X: Tensor, p: int, normalize: bool, reduction: str, backend: str, precision: str,
                              with_grad: bool) -> Tuple[Tensor, Tensor]:
     """(L, ∂L/∂X or an empty tensor without with_grad): the public op of gram_offdiag_penalty."""
@@ -255,7 +256,7 @@ def _(X, p, normalize, reduction, backend, precision, with_grad):
 _gram_offdiag_penalty_op.register_autograd(_penalty_backward, setup_context=_penalty_setup_context)
 
 
-@torch.library.custom_op("repcap_fast::gram_offdiag_penalty_block", mutates_args=())
+@custom_op("repcap_fast::gram_offdiag_penalty_block", mutates_args=())
 def _gram_offdiag_penalty_block_op(X: Tensor, row_start: int, row_stop: int, p: int, backend: str,
                                    precision: str) -> Tuple[Tensor, Tensor]:
     """(the rows' part of L, float64; ∂L/∂x_i of those rows): the public op of gram_offdiag_penalty_block.
@@ -272,7 +273,7 @@ def _(X, row_start, row_stop, p, backend, precision):
             X.new_empty((max(row_stop - row_start, 0), X.shape[-1] if X.dim() else 0), dtype=_fake_dtype(X)))
 
 
-@torch.library.custom_op("repcap_fast::gram_offdiag_log_penalty", mutates_args=())
+@custom_op("repcap_fast::gram_offdiag_log_penalty", mutates_args=())
 def _gram_offdiag_log_penalty_op(X: Tensor, p: int, backend: str, precision: str) -> Tuple[Tensor, Tensor]:
     """(ln L as a float64 0-d tensor, ∂ln L/∂X): the public op of gram_offdiag_log_penalty."""
     return _log_penalty(X, p, backend, precision)
@@ -284,7 +285,7 @@ def _(X, p, backend, precision):
     return X.new_empty((), dtype=torch.float64), X.new_empty(X.shape, dtype=_fake_dtype(X))
 
 
-@torch.library.custom_op("repcap_fast::gram_offdiag_row_stats", mutates_args=())
+@custom_op("repcap_fast::gram_offdiag_row_stats", mutates_args=())
 def _gram_offdiag_row_stats_op(X: Tensor, p: int, normalize: bool, backend: str,
                                precision: str) -> Tuple[Tensor, Tensor]:
     """(m_i, L_i), both float64 [k]: the public op of gram_offdiag_row_stats."""
@@ -298,7 +299,7 @@ def _(X, p, normalize, backend, precision):
     return X.new_empty(rows, dtype=torch.float64), X.new_empty(rows, dtype=torch.float64)
 
 
-@torch.library.custom_op("repcap_fast::gram_offdiag_max", mutates_args=())
+@custom_op("repcap_fast::gram_offdiag_max", mutates_args=())
 def _gram_offdiag_max_op(X: Tensor, normalize: bool, backend: str, precision: str) -> Tensor:
     """ε* as a float64 0-d tensor on the CPU: the public op of gram_offdiag_max."""
     return _max(X, normalize, backend, precision)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .. import _validation as val
-from .._backends import eager_only, launcher, register_kernel, resolve_backend, triton_kernels
+from .._backends import custom_op, eager_only, launcher, register_kernel, resolve_backend, triton_kernels
 from .._ops import grassmann_normals_fake
 from ..reference import grassmann_normals_reference
 
@@ -87,7 +87,7 @@ def _grassmann_normals_triton(out, seed, first_basis):
     torch.ops.repcap_fast.grassmann_normals_triton(out, seed, first_basis)
 
 
-@torch.library.custom_op("repcap_fast::grassmann_normals_triton", mutates_args=("out",))
+@custom_op("repcap_fast::grassmann_normals_triton", mutates_args=("out",))
 def _grassmann_normals_triton_op(out: torch.Tensor, seed: int, first_basis: int) -> None:
     """The Triton kernel as a custom op: the contract of torch.ops.repcap_fast.grassmann_normals."""
     triton_kernels().grassmann_normals_triton(out, seed, first_basis)

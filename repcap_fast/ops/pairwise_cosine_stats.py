@@ -31,6 +31,7 @@ from .. import _validation as val
 from .. import distributed
 from .._backends import (
     cublas_precision,
+    custom_op,
     eager_only,
     launcher,
     precision_code,
@@ -461,7 +462,7 @@ def _pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, pr
     return torch.ops.repcap_fast.pairwise_cosine_stats_triton(a, a_inv_norm, b, b_inv_norm, bins, lo, hi, precision)
 
 
-@torch.library.custom_op("repcap_fast::pairwise_cosine_stats_triton", mutates_args=())
+@custom_op("repcap_fast::pairwise_cosine_stats_triton", mutates_args=())
 def _pairwise_cosine_stats_triton_op(a: torch.Tensor, a_inv_norm: torch.Tensor, b: Optional[torch.Tensor],
                                      b_inv_norm: Optional[torch.Tensor], bins: int, lo: float, hi: float,
                                      precision: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

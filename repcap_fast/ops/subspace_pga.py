@@ -40,6 +40,7 @@ from .. import distributed
 from .._backends import (
     check_precision,
     cublas_precision,
+    custom_op,
     eager_only,
     kernel_limits,
     launcher,
@@ -513,7 +514,7 @@ def _subspace_pga_triton(x, bases, batch, precision, bar, name_of):
                             x, bases, batch, bar)
 
 
-@torch.library.custom_op("repcap_fast::subspace_pga_ranks_triton", mutates_args=())
+@custom_op("repcap_fast::subspace_pga_ranks_triton", mutates_args=())
 def _subspace_pga_ranks_triton(x: torch.Tensor, precision: str) -> torch.Tensor:
     """The Triton kernels as a custom op.
 
@@ -526,7 +527,7 @@ def _subspace_pga_ranks_triton(x: torch.Tensor, precision: str) -> torch.Tensor:
 _subspace_pga_ranks_triton.register_fake(subspace_pga_ranks_fake)
 
 
-@torch.library.custom_op("repcap_fast::subspace_pga_rhos_triton", mutates_args=())
+@custom_op("repcap_fast::subspace_pga_rhos_triton", mutates_args=())
 def _subspace_pga_rhos_triton(x: torch.Tensor, bases: torch.Tensor, ref_ranks: torch.Tensor,
                               precision: str) -> torch.Tensor:
     """The Triton kernels as a custom op.
