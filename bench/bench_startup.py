@@ -21,7 +21,6 @@ REPCAP_BENCH_SMOKE=1: 3 rounds and smaller sizes. Results: bench/results/startup
 """
 
 import json
-import os
 import statistics
 import subprocess
 import sys
