@@ -15,7 +15,8 @@ Target: first ≤ 1.15× the later call on new inputs with nothing cached. Sizes
 (pairwise_cosine_stats of a 30522×384 matrix; gram_offdiag_penalty forward and backward of the
 1024×256 output of the README's model, in a process where that model already took a step) and
 the issue's for subspace_pga (N = 1024, d = 512, k = 64, 100 null subspaces, W of 5000×512);
-also the readout of a new W (`pga.readout_basis`, the d×d Gram and its certified top eigenpairs) against a float64 SVD of W.
+also the readout of a new W (`pga.readout_basis`: the d×d Gram and its certified top eigenpairs)
+against a float64 SVD of W.
 
 REPCAP_BENCH_SMOKE=1: 3 rounds and smaller sizes. Results: bench/results/startup_<device>.json.
 """
