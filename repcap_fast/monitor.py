@@ -398,10 +398,12 @@ class RepresentationMonitor:
 
     @property
     def probe_positions(self):
-        """(rows, cols): the n_tokens positions of `probe_ids` whose hidden states are measured, as two
-        int64 tensors; the same at every measurement. For a transformers or TransformerLens model,
-        ``hidden_states`` samples them (from `seed`), so they are known after the first measurement
-        (None before)."""
+        """(rows, cols): the positions in `probe_ids` of the n_tokens measured tokens, or None.
+
+        Two int64 tensors, the same at every measurement. For a transformers or TransformerLens
+        model ``hidden_states`` samples them (from `seed`): they are known after the first
+        measurement (None before).
+        """
         return None if self._rows is None else (self._rows.clone(), self._cols.clone())
 
     @property
