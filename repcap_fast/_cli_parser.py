@@ -101,6 +101,9 @@ EXAMPLES = {
     "fit": """\
   repcap fit sweep.json      # C of every form, with R^2, MAPE, NRMSE
   repcap fit sweep.csv --form full --json fit.json --plot fit.png""",
+    "plot-training": """\
+  repcap plot-training metrics.jsonl           # writes metrics.png next to it
+  repcap plot-training run/metrics.jsonl --plot run/z.pdf --title "seed 0\"""",
 }
 
 
@@ -275,6 +278,13 @@ def build_parser(commands: dict) -> argparse.ArgumentParser:
     p_fit.add_argument("--json", metavar="PATH", help="write the constants and metrics")
     p_fit.add_argument("--plot", metavar="PATH", help="write PNGs of data against fit (one per form)")
     p_fit.set_defaults(func=commands["fit"])
+
+    p_pt = sub.add_parser("plot-training", **_described("plot-training"),
+                          help="plot ε and the z per layer over training from a monitor's JSONL file")
+    p_pt.add_argument("metrics", help="the JSONL file of a RepresentationMonitor (or RepcapCallback)")
+    p_pt.add_argument("--plot", metavar="PATH", help="the image to write (default: the metrics file with .png)")
+    p_pt.add_argument("--title", default="", help="the figure's title (default: the file's name)")
+    p_pt.set_defaults(func=commands["plot-training"])
     for command in sub.choices.values():  # --debug also after the command (repcap pack --debug ...)
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help="show the full traceback of an error")

@@ -23,6 +23,7 @@ from . import _cli_parser, capacity, distributed, fitting, packing, plotting
 from . import _validation as val
 from ._backends import BackendUnavailableError, info
 from ._deprecated import moved_names
+from ._metrics import read_metrics
 from ._outputs import check_no_clobber, check_plot_suffix
 from ._validation import DTYPE_NAMES
 from ._version import __version__
@@ -255,6 +256,17 @@ def _cmd_fit(args) -> int:
     return 0
 
 
+def _cmd_plot_training(args) -> int:
+    if args.plot is None:
+        args.plot = os.path.splitext(args.metrics)[0] + ".png"
+    _check_outputs(args, "plot", inputs=[("the metrics file", args.metrics)])
+    records = read_metrics(args.metrics)
+    plotting.training_plot(records, args.plot, args.title or os.path.basename(args.metrics))
+    print(f"{len(records)} measurements, steps {records[0]['step']} to {records[-1]['step']}")
+    print(f"wrote       {args.plot}")
+    return 0
+
+
 def _cmd_report(args) -> int:
     _check_device_arg(args)
     settings = _report_settings(args)
@@ -299,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     """
     return _cli_parser.build_parser({"info": _cmd_info, "epsilon": _cmd_epsilon, "pack": _cmd_pack,
                                      "sweep": _cmd_sweep, "report": _cmd_report, "survey": _cmd_survey,
-                                     "fit": _cmd_fit})
+                                     "fit": _cmd_fit, "plot-training": _cmd_plot_training})
 
 
 _DISTRIBUTED_COMMANDS = ("epsilon", "pack", "sweep")

@@ -24,6 +24,7 @@ from . import _monitor_parts as parts
 from . import _validation as val
 from . import distributed
 from ._backends import PRECISIONS, resolve_backend
+from ._metrics import read_metrics
 from ._outputs import check_no_clobber
 from .models import check_layers, default_corpus, hidden_states, in_memory_source
 from .models.in_memory import embedding_tensors
@@ -32,6 +33,8 @@ from .ops.pairwise_cosine_stats import cosine_moments
 from .pga import pga_profile, spectral_metrics
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["MEASURES", "RepresentationMonitor", "read_metrics"]
 
 MEASURES = ("epsilon", "pga", "spectral")
 SPECTRAL_KEYS = ("rankme", "alpha_req", "isotropy", "condition_number")

@@ -1,16 +1,19 @@
 """Every plot repcap_fast writes, as PNG files (matplotlib, Agg backend).
 
 Cosine histograms, the Subspace-PGA profile (and a model against its random-init control), spectra
-per layer, a packing loss curve, a capacity fit and a survey.
+per layer, a packing loss curve, a capacity fit, a survey, and ε and z over training.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 from typing import Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
+
+from ._metrics import read_metrics
 
 
 def _color(i: int) -> str:
@@ -317,3 +320,133 @@ def plot_survey(models: Sequence[Dict], path: str) -> None:
         ax.set_xlabel("d_model")
         ax.set_ylabel("ε = μ + 2σ")
         ax.legend(fontsize=8)
+
+
+_Z_KEY = re.compile(r"^pga_z/ccr(\d+)/layer(.+)$")
+
+
+def _edges(steps: np.ndarray) -> np.ndarray:
+    """Cell edges around each step: midway between neighbours, half a gap past the ends."""
+    if len(steps) == 1:
+        return np.array([steps[0] - 0.5, steps[0] + 0.5])
+    mid = (steps[1:] + steps[:-1]) / 2
+    return np.concatenate([[steps[0] - (mid[0] - steps[0])], mid, [steps[-1] + (steps[-1] - mid[-1])]])
+
+
+def _training_series(records: Sequence[Dict]) -> Tuple[np.ndarray, Dict, Dict, Dict]:
+    """(steps, {which: ε per step}, {ccr: {layer: z per step}}, {layer: RankMe per step}) of the records."""
+    steps = np.array([r["step"] for r in records], dtype=float)
+    keys: List[str] = []
+    for r in records:
+        keys += [k for k in r if k not in keys]
+
+    def series(key):
+        return np.array([_nan(r.get(key, np.nan)) for r in records], dtype=float)
+
+    eps = {k.split("/", 1)[1]: series(k) for k in keys if k.startswith("eps/")}
+    z: Dict[int, Dict[str, np.ndarray]] = {}
+    for k in keys:
+        m = _Z_KEY.match(k)
+        if m:
+            z.setdefault(int(m.group(1)), {})[m.group(2)] = series(k)
+    rankme = {k.split("/layer", 1)[1]: series(k) for k in keys if k.startswith("rankme/layer")}
+    return steps, eps, z, rankme
+
+
+def _colorbar_space(fig, ax) -> None:
+    """The room a heatmap's colorbar takes, left empty, so that a line panel lines up with the heatmaps."""
+    from matplotlib.cm import ScalarMappable
+
+    fig.colorbar(ScalarMappable(), ax=ax, pad=0.01, fraction=0.04).ax.set_visible(False)
+
+
+def training_plot(metrics, path: str, title: str = "") -> None:
+    """ε and the Subspace-PGA z per layer over training, from a monitor's measurements.
+
+    The top panel draws ε = μ + k·σ of the input embedding and of the unembedding over steps (one
+    line when they are tied). Below, one heatmap per CCR variant: z of each layer (rows) at each
+    measured step (columns), on a diverging scale centred on 0; cells with |z| ≤ 2 (chance level,
+    the Subspace-PGA paper's null band) are greyed out, cells without a value left blank. With
+    the spectral metrics, a last panel draws RankMe per layer.
+
+    Args:
+        metrics (str | os.PathLike | Sequence[dict]): a monitor's JSONL file, or its records as
+            ``monitor.read_metrics`` returns them (each with "step").
+        path (str): the image written (its folder is created; any suffix matplotlib writes).
+        title (str): the figure's title. Default "": the file's name, or none.
+
+    Returns:
+        None
+
+    Raises:
+        ValueError: no records, or records with neither ε nor z values.
+        FileNotFoundError: a metrics file that does not exist.
+
+    Examples:
+        >>> import os, tempfile
+        >>> records = [{"step": s, "eps/input": 0.2 + s / 1e4, "pga_z/ccr1/layer0": -3.0 + s / 50,
+        ...             "pga_z/ccr1/layer1": 1.0} for s in (0, 50, 100, 150)]
+        >>> path = os.path.join(tempfile.mkdtemp(), "training.png")
+        >>> rf.plotting.training_plot(records, path)
+        >>> os.path.getsize(path) > 0
+        True
+    """
+    from matplotlib.colors import ListedColormap, TwoSlopeNorm
+    from matplotlib.patches import Patch
+
+    if isinstance(metrics, (str, os.PathLike)):
+        title = title or os.path.basename(os.fspath(metrics))
+        metrics = read_metrics(metrics)
+    records = list(metrics)
+    if not records:
+        raise ValueError("metrics: no measurements to plot")
+    steps, eps, z, rankme = _training_series(records)
+    if not eps and not z:
+        raise ValueError("metrics: the records hold neither ε ('eps/...') nor Subspace-PGA z ('pga_z/...') values")
+    panels = (["eps"] if eps else []) + [("z", c) for c in sorted(z)] + (["rankme"] if rankme else [])
+    heights = [1.0 if p == "eps" or p == "rankme" else max(1.0, 0.22 * len(z[p[1]]) + 0.6) for p in panels]
+    with _figure(path, len(panels), 1, figsize=(9, 0.6 + 2.4 * sum(heights)), squeeze=False,
+                 gridspec_kw={"height_ratios": heights}, sharex=True) as (fig, axes):
+        edges = _edges(steps)
+        for ax, panel in zip(axes[:, 0], panels):
+            if panel == "eps":
+                tied = "output" in eps and "input" in eps and np.array_equal(eps["input"], eps["output"],
+                                                                              equal_nan=True)
+                for i, (which, values) in enumerate(eps.items()):
+                    if tied and which == "output":
+                        continue
+                    label = "input = output (tied)" if tied else f"{which} embedding"
+                    ax.plot(steps, values, "o-", ms=3, color=_color(i), label=label)
+                ax.set_ylabel("ε = μ + kσ")
+                ax.legend(fontsize=8)
+                ax.grid(alpha=0.3)
+                _colorbar_space(fig, ax)
+            elif panel == "rankme":
+                for i, (layer, values) in enumerate(rankme.items()):
+                    ax.plot(steps, values, "-", lw=1, color=_color(i), label=f"layer {layer}")
+                ax.set_ylabel("RankMe")
+                ax.legend(fontsize=7, ncol=min(6, len(rankme)))
+                ax.grid(alpha=0.3)
+                _colorbar_space(fig, ax)
+            else:
+                layers = list(z[panel[1]])
+                grid = np.vstack([z[panel[1]][layer] for layer in layers])
+                finite = np.abs(grid[np.isfinite(grid)])
+                limit = max(3.0, float(finite.max()) if finite.size else 3.0)
+                mesh = ax.pcolormesh(edges, np.arange(len(layers) + 1), np.ma.masked_invalid(grid), cmap="RdBu_r",
+                                     norm=TwoSlopeNorm(0.0, -limit, limit))
+                chance = np.ma.masked_where(~(np.abs(grid) <= 2), np.ones_like(grid))
+                ax.pcolormesh(edges, np.arange(len(layers) + 1), chance, cmap=ListedColormap(["#d9d9d9"]))
+                ax.set_yticks(np.arange(len(layers)) + 0.5, layers, fontsize=7 if len(layers) > 12 else 8)
+                ax.set_ylabel(f"layer (CCR-{panel[1]})")
+                bar = fig.colorbar(mesh, ax=ax, pad=0.01, fraction=0.04)
+                bar.set_label("z", fontsize=8)
+                for level in (-2, 2):
+                    bar.ax.axhline(level, color="black", lw=0.8)
+                handles = [Patch(color="#d9d9d9", label="|z| ≤ 2 (chance)")]
+                if np.isnan(grid).any():
+                    handles.append(Patch(facecolor="white", edgecolor="grey", label="blank: no value"))
+                ax.legend(handles=handles, fontsize=7, loc="upper right", framealpha=0.9)
+        axes[-1, 0].set_xlabel("training step")
+        if title:
+            fig.suptitle(title)

