@@ -281,7 +281,8 @@ def test_a_compiled_model_is_looked_through():
 
 def test_read_metrics_orders_by_step_keeps_the_last_of_a_repeated_step_and_reads_null_as_nan(tmp_path):
     path = tmp_path / "m.jsonl"
-    path.write_text('{"step": 10, "eps/input": 0.3}\n\n{"step": 0, "eps/input": null}\n{"step": 10, "eps/input": 0.4}\n')
+    path.write_text('{"step": 10, "eps/input": 0.3}\n\n{"step": 0, "eps/input": null}\n'
+                    '{"step": 10, "eps/input": 0.4}\n')
     got = rf.monitor.read_metrics(path)
     assert [r["step"] for r in got] == [0, 10] and math.isnan(got[0]["eps/input"]) and got[1]["eps/input"] == 0.4
     path.write_text('{"eps/input": 0.3}\n')
