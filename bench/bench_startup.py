@@ -18,17 +18,19 @@ the issue's for subspace_pga (N = 1024, d = 512, k = 64, 100 null subspaces, W o
 also the readout of a new W (`pga.readout_basis`: the d×d Gram and its certified top eigenpairs)
 against a float64 SVD of W.
 
-REPCAP_BENCH_SMOKE=1: 3 rounds and smaller sizes. Results: bench/results/startup_<device>.json.
+REPCAP_BENCH_SMOKE=1: 3 rounds and smaller sizes; REPCAP_STARTUP_ROUNDS sets the rounds.
+Results: bench/results/startup_<device>.json.
 """
 
 import json
+import os
 import statistics
 import subprocess
 import sys
 
 from _harness import HAS_CUDA, SMOKE, format_table, write_results
 
-ROUNDS = 3 if SMOKE else 10
+ROUNDS = int(os.environ.get("REPCAP_STARTUP_ROUNDS", 3 if SMOKE else 10))
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 STARTUP = {

@@ -88,6 +88,10 @@ step panels-breakdown 90 python bench/panels_breakdown.py "$out/panels_breakdown
 step pga-breakdown 90 python bench/pga_profile_breakdown.py "$out/pga_profile_breakdown.json"
 step diagnostics 120 python bench/gpu_diagnostics.py "$out/gpu_diagnostics.json"
 step nccl-smoke 90 python bench/bench_distributed.py --gpu-smoke
+# issue 49: the first call of each op on the GPU against a later one (3 fresh processes each), and
+# RepcapCallback's cost in a 200-step Trainer run of an 11 M-parameter GPT-2 on the GPU
+step bench-startup 90 env REPCAP_STARTUP_ROUNDS=3 bash -c 'bench bench/bench_startup.py'
+step bench-monitor 150 bench bench/bench_monitor.py
 step bench-penalty-huge 240 bench bench/bench_penalty.py -k "huge or packing_cell"
 echo "total: $(( $(date +%s) - t0 )) s   tests rc=$tests_rc" | tee -a "$log"
 echo

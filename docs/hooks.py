@@ -57,6 +57,7 @@ API_TOPICS: dict[str, dict[str, list[str]]] = {
         "penalty": ["gram_offdiag_penalty", "gram_offdiag_log_penalty", "gram_offdiag_max",
                     "gram_offdiag_row_stats", "gram_offdiag_penalty_block"],
         "models": ["load_embeddings", "hidden_states", "info", "__version__"],
+        "monitor": ["RepresentationMonitor"],
     },
     "repcap_fast.models": {
         "reading": ["load_embeddings", "hidden_states", "Embeddings", "HiddenStates", "check_embeddings",

@@ -8,6 +8,7 @@ The three ops are in repcap_fast.ops, one module each. See README.md and DESIGN.
 
 import importlib as _importlib
 import logging as _logging
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from . import _ops  # noqa: F401  loads repcap_fast._C (the ops) and registers their fake kernels
 from ._backends import info
@@ -28,8 +29,15 @@ from .ops.subspace_pga import PGAResult, subspace_pga
 # Imported on first use (PEP 562), so that `import repcap_fast` costs little more than `import torch`:
 # the submodules below pull in numpy-heavy analyses, the model readers (transformers), plotting
 # (matplotlib) and the report. tests/test_startup.py lists what the import must not load.
-_LAZY_SUBMODULES = ("capacity", "fitting", "models", "monitor", "packing", "pga", "plotting", "report")
+_LAZY_SUBMODULES = ("capacity", "fitting", "integrations", "models", "monitor", "packing", "pga", "plotting",
+                    "report")
 _LAZY_NAMES = {"hidden_states": "models", "load_embeddings": "models", "RepresentationMonitor": "monitor"}
+if _TYPE_CHECKING:  # what the lazy names are, for type checkers and the API reference's static analysis
+    from . import capacity, fitting, integrations, models, monitor, packing, pga, report
+    from . import plotting as plotting
+    from .models import hidden_states, load_embeddings
+    from .monitor import RepresentationMonitor
+
 # Renamed: gram_offdiag_rows -> gram_offdiag_row_stats (deprecated, removed in the next release).
 _deprecated_getattr = _moved_names(__name__, {"gram_offdiag_rows": ("repcap_fast", "gram_offdiag_row_stats")})
 
@@ -83,6 +91,7 @@ __all__ = [
     "gram_offdiag_row_stats",
     "hidden_states",
     "info",
+    "integrations",
     "load_embeddings",
     "models",
     "monitor",
@@ -90,7 +99,6 @@ __all__ = [
     "pairwise_cosine_stats",
     "pairwise_cosine_stats_sharded",
     "pga",
-    "plotting",
     "report",
     "subspace_pga",
 ]

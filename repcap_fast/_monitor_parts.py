@@ -189,7 +189,7 @@ def tokenize(texts, tokenizer) -> torch.Tensor:
     paragraphs = [texts] if isinstance(texts, str) else list(texts)
     if not paragraphs or not all(isinstance(p, str) for p in paragraphs):
         raise ValueError("texts must be a string, a non-empty list of strings, or a path (os.PathLike) to a text file")
-    parts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in paragraphs]
+    parts = [tokenizer(p, add_special_tokens=False, verbose=False)["input_ids"] for p in paragraphs]
     return torch.tensor([t for part in parts for t in part], dtype=torch.int64)
 
 
@@ -211,8 +211,19 @@ def sample_positions(shape: Tuple[int, int], n_tokens: int, seed: int) -> Tuple[
     return torch.from_numpy(flat // shape[1]), torch.from_numpy(flat % shape[1])
 
 
-def windows_needed(n_tokens: int, tokens_per_window: int) -> int:
-    return math.ceil(n_tokens / tokens_per_window)
+def windows_needed(n_tokens: int, tokens_per_window: int, seq_len: int) -> int:
+    """How many windows of seq_len tokens the probe keeps: about tokens_per_window sampled from
+    each, and at least n_tokens tokens in all (``hidden_states``' rule)."""
+    return max(math.ceil(n_tokens / tokens_per_window), math.ceil(n_tokens / seq_len))
+
+
+def choose_rows(batch: torch.Tensor, n_windows: int, seed: int) -> torch.Tensor:
+    """n_windows rows of a 2-D probe batch (all of them when it has no more), chosen in a seeded
+    random order (numpy default_rng(seed)), kept in their order."""
+    if batch.shape[0] <= n_windows:
+        return batch
+    keep = np.sort(np.random.default_rng(seed).permutation(batch.shape[0])[:n_windows])
+    return batch[torch.from_numpy(keep)]
 
 
 # ----------------------------------------------------------------------------- the state left alone

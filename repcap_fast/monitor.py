@@ -23,7 +23,7 @@ import torch
 from . import _monitor_parts as parts
 from . import _validation as val
 from . import distributed
-from ._backends import PRECISIONS, resolve_backend
+from ._backends import BACKENDS, PRECISIONS, resolve_backend
 from ._metrics import read_metrics
 from ._outputs import check_no_clobber
 from .models import check_layers, default_corpus, hidden_states, in_memory_source
@@ -31,10 +31,11 @@ from .models.in_memory import embedding_tensors
 from .models.runner import Runner
 from .ops.pairwise_cosine_stats import cosine_moments
 from .pga import pga_profile, spectral_metrics
+from .plotting import training_plot
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MEASURES", "RepresentationMonitor", "read_metrics"]
+__all__ = ["MEASURES", "RepresentationMonitor", "read_metrics", "training_plot"]
 
 MEASURES = ("epsilon", "pga", "spectral")
 SPECTRAL_KEYS = ("rankme", "alpha_req", "isotropy", "condition_number")
@@ -62,8 +63,10 @@ class RepresentationMonitor:
       numpy, grad mode and autocast: the training after it runs bit for bit as without it.
 
     The values go out as a flat dict of floats, with "step" and "monitor/seconds" (the wall time of
-    the measurement): "eps/input", "mu/input", "sigma/input" (and "/output"); "pga_z/ccr{c}/layer{l}";
-    "rankme/layer{l}", "alpha_req/layer{l}", "isotropy/layer{l}", "condition_number/layer{l}". With
+    the measurement): "eps/input", "mu/input", "sigma/input" (and "/output"); "pga_z/ccr{c}/{layer}";
+    "rankme/{layer}", "alpha_req/{layer}", "isotropy/{layer}", "condition_number/{layer}", where
+    {layer} is "layer3" for layer 3 of a transformers or TransformerLens model and the label of
+    ``layers=`` for a model of your own. With
     `output`, each is appended to that JSONL file as one line (NaN written as null).
     ``timings`` holds the seconds of each part of the last measurement, ``last`` its full results
     (CosineMoments, PGAResult lists, spectral dicts).
@@ -73,8 +76,9 @@ class RepresentationMonitor:
             nnsight LanguageModel, or a module of your own (then pass ``layers=`` as a mapping).
             Wrappers are looked through: torch.compile's, DataParallel, DistributedDataParallel.
         probe (object): the probe's token ids: a 1-D stream (cut into windows of `seq_len`) or a
-            2-D batch of windows used as they are (no special tokens added). Default None: the
-            `texts` with `tokenizer`.
+            2-D batch of windows used as they are (no special tokens added); the probe keeps
+            max(ceil(n_tokens / tokens_per_window), ceil(n_tokens / window length)) windows,
+            chosen with `seed` (``probe_ids``). Default None: the `texts` with `tokenizer`.
         texts (str | Sequence[str] | os.PathLike | None): text for the probe when `probe` is None:
             a string, a list of strings or a path to a text or .jsonl file, tokenized without
             special tokens into one stream. Default None: the bundled corpus
@@ -91,8 +95,8 @@ class RepresentationMonitor:
         measures (Sequence[str]): any of "epsilon", "pga", "spectral". Default ("epsilon", "pga").
         n_tokens (int): tokens sampled from the probe, at least 3. Default 512.
         seq_len (int): tokens per window of a 1-D probe or of the texts. Default 128.
-        tokens_per_window (int): about how many tokens are sampled per window: the probe keeps
-            ceil(n_tokens / tokens_per_window) windows. Default 32.
+        tokens_per_window (int): about how many tokens are sampled per window (see `probe`).
+            Default 32.
         seed (int): chooses the windows and the positions, in [0, 2^63 − 1]. Default 0.
         k (int | None): the readout dimension, 1 ≤ k < d. Default None: min(100, d // 2).
         n_null (int): random subspaces per layer and CCR variant, ≥ 2. Default 100.
@@ -217,10 +221,9 @@ class RepresentationMonitor:
         return int(self.model.get_parameter(name).shape[0]) if name else None
 
     def _probe(self, probe, texts, tokenizer, vocab) -> torch.Tensor:
-        """The probe batch (windows × seq_len, CPU int64), chosen once."""
+        """The probe batch (windows × window length, CPU int64), chosen once."""
         if probe is not None and texts is not None:
             raise ValueError("pass probe (token ids) or texts, not both")
-        n_windows = parts.windows_needed(self.n_tokens, self.tokens_per_window)
         if probe is None:
             if tokenizer is None:
                 raise ValueError("probe: pass the probe's token ids, or texts with a tokenizer (this model carries "
@@ -229,8 +232,10 @@ class RepresentationMonitor:
             ids = parts.check_token_ids(stream, vocab, "texts (tokenized)")
         else:
             ids = parts.check_token_ids(probe, vocab, "probe")
+        width = int(ids.shape[1]) if ids.dim() == 2 else self.seq_len
+        n_windows = parts.windows_needed(self.n_tokens, self.tokens_per_window, width)
         if ids.dim() == 2:
-            return ids
+            return parts.choose_rows(ids, n_windows, self.seed)
         return parts.choose_windows(ids, self.seq_len, n_windows, self.seed)
 
     def _embedding(self, which: str) -> Optional[torch.Tensor]:
@@ -275,6 +280,7 @@ class RepresentationMonitor:
         return val.check_k(k, d)
 
     def _check_op_settings(self) -> None:
+        val.check_choice(self.backend, "backend", ("auto", *BACKENDS))
         val.check_choice(self.precision, "precision", PRECISIONS)
         device = self._device()
         if "pga" in self.measures:
@@ -328,6 +334,10 @@ class RepresentationMonitor:
         self._rows, self._cols = hs.windows, hs.offsets  # the windows are used as they are
         return {layer: hs[layer] for layer in hs.layers}
 
+    def _label(self, layer) -> str:
+        """The layer's name in the keys: "layer3" (a transformers model's layer 3), or the label given."""
+        return str(layer) if self._own else f"layer{layer}"
+
     def _epsilon(self, values: Dict[str, float]) -> None:
         found = {}
         tied = self._tied()
@@ -373,7 +383,7 @@ class RepresentationMonitor:
                                       precision=self.precision, progress=False)
                 for c, results in profile.items():
                     for layer, r in zip(self.layers, results):
-                        values[f"pga_z/ccr{c}/layer{layer}"] = float(r.z)
+                        values[f"pga_z/ccr{c}/{self._label(layer)}"] = float(r.z)
                 self.last["pga"] = profile
                 timings["pga"] = time.perf_counter() - t
             if "spectral" in self.measures:
@@ -383,7 +393,7 @@ class RepresentationMonitor:
                     metrics = spectral_metrics(states[layer])
                     self.last["spectral"][layer] = metrics
                     for key in SPECTRAL_KEYS:
-                        values[f"{key}/layer{layer}"] = float(metrics[key])
+                        values[f"{key}/{self._label(layer)}"] = float(metrics[key])
                 timings["spectral"] = time.perf_counter() - t
         seconds = time.perf_counter() - t0
         timings["total"] = seconds

@@ -322,7 +322,7 @@ def plot_survey(models: Sequence[Dict], path: str) -> None:
         ax.legend(fontsize=8)
 
 
-_Z_KEY = re.compile(r"^pga_z/ccr(\d+)/layer(.+)$")
+_Z_KEY = re.compile(r"^pga_z/ccr(\d+)/(.+)$")
 
 
 def _edges(steps: np.ndarray) -> np.ndarray:
@@ -349,7 +349,7 @@ def _training_series(records: Sequence[Dict]) -> Tuple[np.ndarray, Dict, Dict, D
         m = _Z_KEY.match(k)
         if m:
             z.setdefault(int(m.group(1)), {})[m.group(2)] = series(k)
-    rankme = {k.split("/layer", 1)[1]: series(k) for k in keys if k.startswith("rankme/layer")}
+    rankme = {k.split("/", 1)[1]: series(k) for k in keys if k.startswith("rankme/")}
     return steps, eps, z, rankme
 
 
@@ -423,7 +423,7 @@ def training_plot(metrics, path: str, title: str = "") -> None:
                 _colorbar_space(fig, ax)
             elif panel == "rankme":
                 for i, (layer, values) in enumerate(rankme.items()):
-                    ax.plot(steps, values, "-", lw=1, color=_color(i), label=f"layer {layer}")
+                    ax.plot(steps, values, "-", lw=1, color=_color(i), label=layer)
                 ax.set_ylabel("RankMe")
                 ax.legend(fontsize=7, ncol=min(6, len(rankme)))
                 ax.grid(alpha=0.3)
@@ -438,7 +438,7 @@ def training_plot(metrics, path: str, title: str = "") -> None:
                 chance = np.ma.masked_where(~(np.abs(grid) <= 2), np.ones_like(grid))
                 ax.pcolormesh(edges, np.arange(len(layers) + 1), chance, cmap=ListedColormap(["#d9d9d9"]))
                 ax.set_yticks(np.arange(len(layers)) + 0.5, layers, fontsize=7 if len(layers) > 12 else 8)
-                ax.set_ylabel(f"layer (CCR-{panel[1]})")
+                ax.set_ylabel(f"z, CCR-{panel[1]}")
                 bar = fig.colorbar(mesh, ax=ax, pad=0.01, fraction=0.04)
                 bar.set_label("z", fontsize=8)
                 for level in (-2, 2):

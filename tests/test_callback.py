@@ -82,13 +82,19 @@ def test_the_final_values_equal_a_standalone_measurement_of_the_trained_model(tm
         k: v for k, v in again.items() if k.startswith(("eps", "pga"))}
 
 
+def _losses(trainer):
+    return [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
+
+
 def test_training_is_bit_identical_with_and_without_the_callback(tmp_path):
-    plain = train(tmp_path, [], steps=20, model=gpt2(seed=1)).model
+    plain = train(tmp_path, [], steps=20, model=gpt2(seed=1))
     model = gpt2(seed=1)
     watched = train(tmp_path, [RepcapCallback(monitor(model, measures=("epsilon", "pga", "spectral")),
-                                              every_n_steps=5)], steps=20, model=model).model
-    for (name, a), (_, b) in zip(plain.named_parameters(), watched.named_parameters()):
+                                              every_n_steps=4)], steps=20, model=model)
+    for (name, a), (_, b) in zip(plain.model.named_parameters(), watched.model.named_parameters()):
         assert torch.equal(a, b), name
+    # the Trainer's own logs too, also at the steps measured (4, 8, ...: logging_steps is 4)
+    assert _losses(watched) == _losses(plain) and [s for s, _ in _losses(plain)] == [4, 8, 12, 16, 20]
 
 
 def test_a_compiled_model_is_measured_eagerly(tmp_path):

@@ -81,19 +81,20 @@ def test_a_model_of_ones_own_with_a_layers_mapping():
                                     k=6, n_null=10)
     got = monitor.measure(1)
     rows, cols = monitor.probe_positions
-    assert len(rows) == 50
+    assert len(rows) == 50 and monitor.probe_ids.shape == (3, 20)
+    assert all(any(torch.equal(row, p) for p in probe) for row in monitor.probe_ids)
     # the same states read by hand: the submodules' outputs at the sampled positions
     outs = {}
     hooks = [model.get_submodule(n).register_forward_hook(lambda m, a, o, n=n: outs.__setitem__(n, o))
              for n in ("emb", "blocks.0", "blocks.1")]
     model.eval()
     with torch.no_grad():
-        model(probe)
+        model(monitor.probe_ids)  # 3 of the 6 windows: enough for 50 tokens
     for h in hooks:
         h.remove()
     states = [outs[n][rows, cols] for n in ("emb", "blocks.0", "blocks.1")]
     profile = pga.pga_profile(states, model.head.weight.detach(), k=6, n_null=10, ccrs=(1,), progress=False)
-    assert [got[f"pga_z/ccr1/layer{label}"] for label in ("emb", "b0", "b1")] == pytest.approx(
+    assert [got[f"pga_z/ccr1/{label}"] for label in ("emb", "b0", "b1")] == pytest.approx(
         [r.z for r in profile[1]], rel=0, abs=1e-12)
     assert got["eps/input"] == rf.pairwise_cosine_stats(model.emb.weight.detach(), progress=False).epsilon()
     assert got["eps/output"] == rf.cosine_moments(model.head.weight.detach()).epsilon()
@@ -257,7 +258,7 @@ class Pooled(Tiny):
         return logits
 
 
-@pytest.mark.parametrize("where, got", [("pool", r"got shape \(4, 24\)"), ("unused", "got nothing")])
+@pytest.mark.parametrize("where, got", [("pool", r"got shape \(2, 24\)"), ("unused", "got nothing")])
 def test_a_submodule_whose_output_is_not_batch_tokens_d_is_named(where, got):
     monitor = RepresentationMonitor(Pooled(), ids(4, 20, vocab=60), layers={"b": where}, measures="spectral",
                                     embeddings={"input": "emb.weight"}, n_tokens=40)
@@ -291,3 +292,16 @@ def test_read_metrics_orders_by_step_keeps_the_last_of_a_repeated_step_and_reads
     path.write_text("")
     with pytest.raises(ValueError, match="no measurements"):
         rf.monitor.read_metrics(path)
+
+
+def test_the_probe_keeps_the_windows_it_needs_chosen_with_the_seed():
+    batch = ids(40, 32)
+    a = RepresentationMonitor(gpt2(), batch, n_tokens=64, k=8, n_null=5, measures="epsilon")
+    b = RepresentationMonitor(gpt2(), batch, n_tokens=64, k=8, n_null=5, measures="epsilon", seed=1)
+    assert a.probe_ids.shape == b.probe_ids.shape == (2, 32)  # 64 tokens, about 32 from each window
+    assert not torch.equal(a.probe_ids, b.probe_ids)
+    stream = ids(1, 1000).flatten()
+    c = RepresentationMonitor(gpt2(), stream, n_tokens=100, seq_len=50, tokens_per_window=10, k=8, n_null=5)
+    assert c.probe_ids.shape == (10, 50)
+    starts = [int((stream.unfold(0, 50, 50) == row).all(1).nonzero()) for row in c.probe_ids]
+    assert starts == sorted(starts)  # whole windows of the stream, in order

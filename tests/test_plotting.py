@@ -63,8 +63,8 @@ def test_the_training_plot_reads_the_series_by_ccr_and_layer():
 
     steps, eps, z, rankme = plotting._training_series(_records())
     assert steps.tolist() == [0, 50, 100, 150] and sorted(eps) == ["input", "output"]
-    assert sorted(z) == [1, 5] and list(z[1]) == ["0", "1"] and rankme == {}
-    assert z[1]["0"].tolist() == [-4.0, -3.5, -3.0, -2.5]
+    assert sorted(z) == [1, 5] and list(z[1]) == ["layer0", "layer1"] and rankme == {}
+    assert z[1]["layer0"].tolist() == [-4.0, -3.5, -3.0, -2.5]
     assert plotting._edges(steps).tolist() == [-25, 25, 75, 125, 175]
     assert plotting._edges(steps[:1]).tolist() == [-0.5, 0.5]
 

@@ -19,6 +19,7 @@ NOT_AT_IMPORT = (
     "repcap_fast.fitting",
     "repcap_fast.models",
     "repcap_fast.monitor",
+    "repcap_fast.integrations",
     "repcap_fast.plotting",
 )
 

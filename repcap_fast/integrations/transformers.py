@@ -5,6 +5,7 @@ Importing this module imports transformers (the callback subclasses its ``Traine
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import warnings
@@ -94,7 +95,10 @@ class RepcapCallback(TrainerCallback):
         handler = handler or self._handler
         if handler is not None:  # as Trainer.log does: the history, then every callback's on_log
             state.log_history.append({**logs, "step": state.global_step})
+            flags = dataclasses.asdict(control)
             handler.on_log(args, state, control, logs)
+            for name, value in flags.items():  # on_log resets should_log: the Trainer's own log of this
+                setattr(control, name, value)  # step (the loss) must still happen
             return control
         # No handler found (a transformers whose internals differ): ask the Trainer to log at this
         # step and add the values to its logs in on_log; reporters called before this callback miss them.
