@@ -122,9 +122,10 @@ class RepresentationMonitor:
 
     Examples:
         >>> from transformers import GPT2Config, GPT2LMHeadModel
-        >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64))
+        >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
+        ...                                    bos_token_id=0, eos_token_id=0))
         >>> ids = torch.randint(0, 100, (8, 32), generator=torch.Generator().manual_seed(0))
-        >>> monitor = RepresentationMonitor(model, ids, n_tokens=64, k=8, n_null=10)
+        >>> monitor = rf.RepresentationMonitor(model, ids, n_tokens=64, k=8, n_null=10)
         >>> values = monitor.measure(step=0)
         >>> sorted(key for key in values if key.startswith("pga_z"))
         ['pga_z/ccr1/layer0', 'pga_z/ccr1/layer1', 'pga_z/ccr1/layer2']

@@ -85,7 +85,7 @@ def test_the_cli_reference_covers_every_subcommand():
     from repcap_fast.cli import build_parser
 
     text = hooks.cli_markdown()
-    subcommands = re.search(r"\{([a-z,]+)\}", build_parser().format_usage()).group(1).split(",")
+    subcommands = re.search(r"\{([a-z,-]+)\}", build_parser().format_usage()).group(1).split(",")
     assert len(subcommands) >= 6
     for name in subcommands:
         assert f"## repcap {name}\n" in text

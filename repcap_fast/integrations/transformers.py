@@ -63,7 +63,9 @@ class RepcapCallback(TrainerCallback):
 
     Examples:
         >>> from transformers import GPT2Config, GPT2LMHeadModel
-        >>> model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64))
+        >>> from repcap_fast.integrations.transformers import RepcapCallback
+        >>> model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
+        ...                                    bos_token_id=0, eos_token_id=0))
         >>> ids = torch.randint(0, 100, (4, 32), generator=torch.Generator().manual_seed(0))
         >>> callback = RepcapCallback(rf.RepresentationMonitor(model, ids, n_tokens=64, k=8, n_null=10),
         ...                           every_n_steps=50)
