@@ -130,7 +130,8 @@ def test_monitor_cost_in_a_trainer_run(tmp_path):
     write_results(f"monitor_{DEVICE}", {
         "steps": STEPS, "every_n_steps": EVERY, "layers": LAYERS, "order": ORDER, "params": runs[0]["params"],
         "wall_s": {"without": without, "with": with_cb}, "overhead": overhead, "target_overhead": 0.10,
-        "measure_parts_s": share, "full_measure_parts_s": full, "monitor": last_with["monitor"],
+        "measure_parts_s": share, "full_measure_parts_s": full,
+        "monitor": {**last_with["monitor"], "output": f"{os.path.basename(metrics)} (the run's metrics.jsonl, copied)"},
         "losses": {r["mode"] + str(i): r["losses"] for i, r in enumerate(runs)},
         "losses_identical": all(r["losses"] == runs[0]["losses"] for r in runs)}, lines)
     assert all(r["losses"] == runs[0]["losses"] for r in runs), "the logged losses differ with the callback"

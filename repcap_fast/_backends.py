@@ -74,10 +74,12 @@ def eager_only(fn: Callable) -> Callable:
     """
     if _frame_eval is None:
         return torch.compiler.disable(fn, recursive=True)
-    set_eval_frame = _frame_eval.set_eval_frame
+    set_eval_frame, current = _frame_eval.set_eval_frame, _frame_eval.get_eval_frame_callback
 
     @functools.wraps(fn)
     def eager(*args, **kwargs):
+        if current() is None:  # no torch.compile around: nothing to turn off
+            return fn(*args, **kwargs)
         prior = set_eval_frame(None)
         try:
             return fn(*args, **kwargs)
@@ -122,7 +124,8 @@ def _frame_eval_primitives():
         from torch._C._dynamo import eval_frame
     except ImportError:  # pragma: no cover - a torch without Dynamo's C part
         return None
-    names = ("set_eval_frame", "set_code_exec_strategy", "_FrameExecStrategy", "_FrameAction")
+    names = ("set_eval_frame", "get_eval_frame_callback", "set_code_exec_strategy", "_FrameExecStrategy",
+             "_FrameAction")
     return eval_frame if all(hasattr(eval_frame, n) for n in names) else None
 
 

@@ -305,3 +305,21 @@ def test_the_probe_keeps_the_windows_it_needs_chosen_with_the_seed():
     assert c.probe_ids.shape == (10, 50)
     starts = [int((stream.unfold(0, 50, 50) == row).all(1).nonzero()) for row in c.probe_ids]
     assert starts == sorted(starts)  # whole windows of the stream, in order
+
+
+def test_a_transformer_lens_model_equals_its_standalone_calls():
+    tl = pytest.importorskip("transformer_lens")
+    torch.manual_seed(0)
+    cfg = tl.HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=64, d_head=16, d_vocab=100, act_fn="gelu",
+                                     normalization_type="LN")
+    model = tl.HookedTransformer(cfg)
+    monitor = RepresentationMonitor(model, ids(), n_tokens=64, k=8, n_null=10)
+    got = monitor.measure(0)
+    hs = rf.hidden_states(model, token_ids=monitor.probe_ids, layers="all", n_tokens=64, seed=0, progress=False,
+                          seq_len=32)
+    profile = pga.pga_profile([hs[layer] for layer in hs.layers], model.W_U.detach().T, k=8, n_null=10, ccrs=(1,),
+                              progress=False)
+    assert [got[f"pga_z/ccr1/layer{layer}"] for layer in hs.layers] == pytest.approx([r.z for r in profile[1]],
+                                                                                     rel=0, abs=1e-12)
+    assert got["eps/input"] == rf.cosine_moments(model.W_E.detach()).epsilon()
+    assert got["eps/output"] == rf.cosine_moments(model.W_U.detach().T).epsilon()

@@ -238,7 +238,10 @@ def test_a_real_sigint_to_a_running_sweep_exits_130(tmp_path):
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    # 130, or killed by SIGINT (which a shell reports as 130 too): CPython kills itself with SIGINT
+    # at exit when a KeyboardInterrupt went through a nested exec() (here: dataclasses building a
+    # class while torch._dynamo imports, at the optimizer's first param group), even once caught
+    assert proc.returncode in (130, -signal.SIGINT), err
     assert "Traceback" not in err and "repcap: interrupted" in err
 
 
