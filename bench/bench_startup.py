@@ -74,8 +74,8 @@ def call(args):
         return pga.readout_basis(args[1], k=16 if smoke else 64).solver
     if op == "svd":
         return torch.linalg.svd(args[1].double(), full_matrices=False)[1][0].item()
-model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 256)).to(device)
-if op == "gram_offdiag_penalty":  # a training step of it ran before, as in the README's loop
+if op == "gram_offdiag_penalty":  # a training step of the README's model ran before, as in its loop
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 256)).to(device)
     model(torch.randn(8, 64, device=device)).pow(2).mean().backward()
 inputs = [make(s) for s in range(3)]
 sync()

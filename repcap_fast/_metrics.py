@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Dict, List
+
+from ._jsonl import jsonl_objects
 
 
 def read_metrics(path) -> List[Dict[str, float]]:
@@ -36,18 +37,11 @@ def read_metrics(path) -> List[Dict[str, float]]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"metrics file {path!r} does not exist")
     by_step: Dict[int, Dict[str, float]] = {}
-    with open(path, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                raise ValueError(f"{path}:{i}: not a JSON line") from None
-            step = obj.get("step") if isinstance(obj, dict) else None
-            if not isinstance(step, int) or isinstance(step, bool):
-                raise ValueError(f"{path}:{i}: expected a JSON object with an integer 'step'")
-            by_step[step] = {k: (math.nan if v is None else v) for k, v in obj.items()}
+    for i, obj in jsonl_objects(path):
+        step = obj.get("step") if isinstance(obj, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError(f"{path}:{i}: expected a JSON object with an integer 'step'")
+        by_step[step] = {k: (math.nan if v is None else v) for k, v in obj.items()}
     if not by_step:
         raise ValueError(f"{path}: no measurements in it")
     return [by_step[s] for s in sorted(by_step)]

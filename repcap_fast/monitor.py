@@ -189,7 +189,7 @@ class RepresentationMonitor:
         self._rows = self._cols = None
         if self._own:
             self._rows, self._cols = parts.sample_positions(tuple(self.probe_ids.shape), self.n_tokens, self.seed)
-        self._check_embeddings()
+        self._d = self._check_embeddings()
         self.k = self._check_k(k)
         self._check_op_settings()
         self.output = self._check_output(output, texts)
@@ -239,20 +239,20 @@ class RepresentationMonitor:
             return parts.choose_rows(ids, n_windows, self.seed)
         return parts.choose_windows(ids, self.seq_len, n_windows, self.seed)
 
-    def _embedding(self, which: str) -> Optional[torch.Tensor]:
-        """The input embedding or the unembedding (V×d, detached), as the model holds it now."""
+    def _embeddings(self) -> Dict[str, object]:
+        """{"input", "output": V×d detached or None, "tied": bool}, as the model holds them now."""
         if self._own:
-            name = self._embedding_names[which]
-            return None if name is None else self.model.get_parameter(name).detach()
-        return embedding_tensors(self._src)[which]
+            names = self._embedding_names
+            found = {which: None if names[which] is None else self.model.get_parameter(names[which]).detach()
+                     for which in ("input", "output")}
+            return {**found, "tied": names["input"] == names["output"] is not None}
+        found = embedding_tensors(self._src)
+        return {"input": found["input"], "output": found["output"], "tied": bool(found["tied"])}
 
-    def _tied(self) -> bool:
-        if self._own:
-            return self._embedding_names["input"] == self._embedding_names["output"] is not None
-        return bool(embedding_tensors(self._src)["tied"])
-
-    def _check_embeddings(self) -> None:
-        inp, out = self._embedding("input"), self._embedding("output")
+    def _check_embeddings(self) -> Optional[int]:
+        """Checks the embeddings the measures need; returns their d (None without embeddings)."""
+        found = self._embeddings()
+        inp, out = found["input"], found["output"]
         if "epsilon" in self.measures and inp is None and out is None:
             raise ValueError("measures: 'epsilon' needs the model's embeddings; pass embeddings={'input': ..., "
                              "'output': ...} (parameters of the model or their names)")
@@ -262,16 +262,11 @@ class RepresentationMonitor:
         if inp is not None and out is not None and inp.shape[1] != out.shape[1]:
             raise ValueError(f"embeddings: the input embedding is {tuple(inp.shape)} and the unembedding "
                              f"{tuple(out.shape)}: they need one d (the unembedding V×d)")
-
-    def _width(self) -> Optional[int]:
-        for which in ("output", "input"):
-            w = self._embedding(which)
-            if w is not None:
-                return int(w.shape[1])
-        return None
+        known = out if out is not None else inp
+        return None if known is None else int(known.shape[1])
 
     def _check_k(self, k) -> Optional[int]:
-        d = self._width()
+        d = self._d
         if "pga" not in self.measures or d is None:
             return None if k is None else val.as_int(k, "k")
         if k is None:
@@ -286,34 +281,26 @@ class RepresentationMonitor:
         device = self._device()
         if "pga" in self.measures:
             resolve_backend(self.backend, device, "subspace_pga")
+            limit = min(self.n_tokens, self._d)
             for c in self.ccrs:
-                if c >= min(self.n_tokens, self._width()):
-                    raise ValueError(f"ccrs: {c} must be < min(n_tokens, d) = {min(self.n_tokens, self._width())}")
+                if c >= limit:
+                    raise ValueError(f"ccrs: {c} must be < min(n_tokens, d) = {limit}")
 
     def _check_output(self, output, texts) -> Optional[str]:
         if output is None:
             return None
-        if not isinstance(output, (str, os.PathLike)):
-            raise val.ArgumentTypeError(f"output must be a path (str or os.PathLike), got {type(output).__name__}")
-        path = os.fspath(output)
-        if os.path.isdir(path):
-            raise ValueError(f"output {path!r} is a folder; give the path of a .jsonl file")
+        path = val.check_output_file(output, "output")  # not a folder; its folder created and writable
         inputs = [("texts", os.fspath(texts)) if isinstance(texts, os.PathLike) else ("texts", None)]
         name_or_path = getattr(getattr(self._module, "config", None), "name_or_path", None)
         if isinstance(name_or_path, str) and os.path.exists(name_or_path):
             inputs.append(("model", name_or_path))
         check_no_clobber([("output", path)], inputs)
         if os.path.isfile(path) and os.path.getsize(path) > 0:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                first = fh.readline()
             try:
-                ok = isinstance(json.loads(first), dict) and "step" in json.loads(first)
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ValueError(f"output {path!r} exists and is not a JSONL file of measurements (its first line is "
-                                 f"not a JSON object with a 'step'): it would be appended to; give another path")
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+                read_metrics(path)
+            except ValueError as exc:
+                raise ValueError(f"output {path!r} exists and is not a JSONL file of measurements ({exc}): it would "
+                                 f"be appended to; give another path") from None
         return path
 
     def _device(self) -> torch.device:
@@ -339,11 +326,11 @@ class RepresentationMonitor:
         """The layer's name in the keys: "layer3" (a transformers model's layer 3), or the label given."""
         return str(layer) if self._own else f"layer{layer}"
 
-    def _epsilon(self, values: Dict[str, float]) -> None:
+    def _epsilon(self, values: Dict[str, float], embeddings: Dict[str, object]) -> None:
         found = {}
-        tied = self._tied()
+        tied = embeddings["tied"]
         for which in ("input", "output"):
-            w = self._embedding(which)
+            w = embeddings[which]
             if w is None:
                 continue
             m = found["input"] if which == "output" and tied and "input" in found else cosine_moments(w)
@@ -373,13 +360,14 @@ class RepresentationMonitor:
             t = time.perf_counter()
             states = self._states() if ("pga" in self.measures or "spectral" in self.measures) else {}
             timings["hidden_states"] = time.perf_counter() - t
+            embeddings = self._embeddings()
             if "epsilon" in self.measures:
                 t = time.perf_counter()
-                self._epsilon(values)
+                self._epsilon(values, embeddings)
                 timings["epsilon"] = time.perf_counter() - t
             if "pga" in self.measures:
                 t = time.perf_counter()
-                profile = pga_profile([states[layer] for layer in self.layers], self._embedding("output"), k=self.k,
+                profile = pga_profile([states[layer] for layer in self.layers], embeddings["output"], k=self.k,
                                       n_null=self.n_null, ccrs=self.ccrs, seed=self.pga_seed, backend=self.backend,
                                       precision=self.precision, progress=False)
                 for c, results in profile.items():

@@ -86,7 +86,8 @@ class RepcapCallback(TrainerCallback):
         self._handler: Optional[CallbackHandler] = None
         self._warned = False
 
-    def _measure(self, args, state, control, handler: Optional[CallbackHandler]):
+    def _measure(self, args, state, control, found: Optional[CallbackHandler]):
+        handler = found or self._handler
         if not state.is_world_process_zero or self._last_step == state.global_step:
             return control
         self._last_step = state.global_step
@@ -94,7 +95,6 @@ class RepcapCallback(TrainerCallback):
         logs = {k: v for k, v in values.items() if k != "step"}
         if state.epoch is not None:
             logs["epoch"] = state.epoch
-        handler = handler or self._handler
         if handler is not None:  # as Trainer.log does: the history, then every callback's on_log
             state.log_history.append({**logs, "step": state.global_step})
             flags = dataclasses.asdict(control)
@@ -118,14 +118,14 @@ class RepcapCallback(TrainerCallback):
         self._handler = _calling_handler()
         self._last_step = None
         if self.at_start:
-            return self._measure(args, state, control, self._handler)
+            return self._measure(args, state, control, None)
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
         """Measures at every `every_n_steps`-th optimizer step, and at the last with `at_end`."""
         last = self.at_end and state.max_steps and state.global_step >= state.max_steps
         if state.global_step % self.every_n_steps == 0 or last:
-            return self._measure(args, state, control, _calling_handler() or self._handler)
+            return self._measure(args, state, control, _calling_handler())
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -141,5 +141,5 @@ class RepcapCallback(TrainerCallback):
         """With `at_end`, measures the final model when its step was not measured yet."""
         if self.at_end and self._last_step != state.global_step:  # training stopped before max_steps
             self._pending = None
-            return self._measure(args, state, control, _calling_handler() or self._handler)
+            return self._measure(args, state, control, _calling_handler())
         return control

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import math
 import os
 import re
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from .. import _validation as val
+from .._jsonl import jsonl_objects  # noqa: F401  served here too (repcap_fast.probes reads it from here)
 from .._progress import progress_bar
 from .loading import open_model
 from .runner import Runner
@@ -50,28 +50,6 @@ def default_corpus() -> Tuple[str, List[str]]:
         text = fh.read()
     paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
     return DEFAULT_CORPUS, [p for p in paragraphs if p]
-
-
-def jsonl_objects(path: str) -> Iterator[Tuple[int, object]]:
-    """Yields (line number, parsed JSON) of each non-blank line of a JSON-lines file.
-
-    Args:
-        path (str): the .jsonl file.
-
-    Yields:
-        tuple[int, object]: the 1-based line number and the value on it.
-
-    Raises:
-        ValueError: a line is not JSON (the message names the file and the line).
-    """
-    with open(path, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                yield i, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{i}: not JSON ({exc.msg})") from None
 
 
 def padded_batch(seqs: Sequence[Sequence[int]], pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
