@@ -27,7 +27,7 @@ from ._backends import BACKENDS, PRECISIONS, resolve_backend
 from ._metrics import read_metrics
 from ._outputs import check_no_clobber
 from .models import check_layers, default_corpus, hidden_states, in_memory_source
-from .models.in_memory import embedding_tensors
+from .models.in_memory import LAST_LAYER_POINTS, embedding_tensors
 from .models.runner import Runner
 from .ops.pairwise_cosine_stats import cosine_moments
 from .pga import pga_profile, spectral_metrics
@@ -104,7 +104,7 @@ class RepresentationMonitor:
         pga_seed (int): the seed of the null subspaces. Default 0.
         k_sigma (float): ε = μ + k_sigma·σ. Default 2.0.
         last_layer (str): "final_norm" or "resid_post", as ``hidden_states`` (models of transformers
-            and TransformerLens). Default "final_norm".
+            and TransformerLens; a model of your own takes only the default). Default "final_norm".
         batch_size (int): probe windows per forward pass. Default 8.
         output (str | os.PathLike | None): a JSONL file to append each measurement to (its folder
             is created; an existing file must be a JSONL file of measurements). Default None.
@@ -153,6 +153,10 @@ class RepresentationMonitor:
         self.backend, self.precision, self.last_layer = backend, precision, last_layer
         self.model = parts.unwrap(model)
         self._own = isinstance(layers, Mapping)
+        val.check_choice(last_layer, "last_layer", LAST_LAYER_POINTS)
+        if self._own and last_layer != "final_norm":
+            raise ValueError("last_layer applies to transformers and TransformerLens models; for a model of your own, "
+                             "layers= names the modules whose outputs are read")
         if self._own:
             if not isinstance(self.model, torch.nn.Module):
                 raise val.ArgumentTypeError("layers= as a mapping needs the model as a torch.nn.Module")

@@ -379,7 +379,8 @@ def training_plot(metrics, path: str, title: str = "") -> None:
         None
 
     Raises:
-        ValueError: no records, or records with neither ε nor z values.
+        ValueError: no records, a record without an integer "step", or records with neither ε nor
+            z values.
         FileNotFoundError: a metrics file that does not exist.
 
     Examples:
@@ -400,6 +401,10 @@ def training_plot(metrics, path: str, title: str = "") -> None:
     records = list(metrics)
     if not records:
         raise ValueError("metrics: no measurements to plot")
+    for i, r in enumerate(records):
+        step = r.get("step") if isinstance(r, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError(f"metrics[{i}]: expected a dict with an integer 'step', got {r!r:.80}")
     steps, eps, z, rankme = _training_series(records)
     if not eps and not z:
         raise ValueError("metrics: the records hold neither ε ('eps/...') nor Subspace-PGA z ('pga_z/...') values")

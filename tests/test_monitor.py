@@ -202,6 +202,8 @@ def test_a_nan_value_is_written_as_null(tmp_path):
     ({"ccrs": (1, 1)}, "ccrs must be distinct"),
     ({"backend": "cuda"}, "cuda"),
     ({"precision": "bf16"}, "precision must be one of"),
+    ({"last_layer": "final"}, "last_layer must be one of"),
+    ({"output": 5}, "output"),
     ({"embeddings": {"input": "transformer.wte.weight"}}, "embeddings= is for a model of your own"),
 ])
 def test_bad_arguments_fail_when_the_monitor_is_built(kwargs, match):
@@ -242,6 +244,9 @@ def test_a_model_of_ones_own_refuses_bad_layers_and_embeddings():
                               embeddings={"input": "emb.weight", "output": "head.weight"}, n_tokens=40)
     with pytest.raises(ValueError, match="for a model of your own, pass layers= as a mapping"):
         RepresentationMonitor(model, probe, n_tokens=40)
+    with pytest.raises(ValueError, match="last_layer applies to transformers and TransformerLens models"):
+        RepresentationMonitor(model, probe, layers={"x": "emb"}, embeddings={"input": "emb.weight"},
+                              measures="epsilon", n_tokens=40, last_layer="resid_post")
 
 
 class Pooled(Tiny):

@@ -83,5 +83,7 @@ def test_the_training_plot_writes_an_image_from_records_or_a_file(tmp_path):
     assert (tmp_path / "a.png").stat().st_size > 10_000 and (tmp_path / "b.svg").read_text().startswith("<?xml")
     with pytest.raises(ValueError, match="no measurements"):
         plotting.training_plot([], str(tmp_path / "c.png"))
+    with pytest.raises(ValueError, match=r"metrics\[1\]: expected a dict with an integer 'step'"):
+        plotting.training_plot([{"step": 0, "eps/input": 0.2}, {"eps/input": 0.3}], str(tmp_path / "c.png"))
     with pytest.raises(ValueError, match="neither ε"):
         plotting.training_plot([{"step": 0, "rankme/layer0": 3.0}], str(tmp_path / "c.png"))
